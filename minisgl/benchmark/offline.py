@@ -1,0 +1,202 @@
+"""Offline throughput: a fixed, seeded workload through ``LLM.generate`` (or HF ``generate``).
+
+    python -m minisgl.benchmark.offline                          # CPU workload, embedded model
+    python -m minisgl.benchmark.offline --engine hf              # the same requests through HF
+    python -m minisgl.benchmark.offline --workload nano --model Qwen3-0.6B --dummy-weight   # GPU
+
+Workloads:
+  nano   the Nano-vLLM benchmark: 256 requests, random.seed(0), prompts of randint(100, 1024)
+         token ids randint(0, 10000), max_tokens randint(100, 1024), temperature 0.6, ignore_eos
+         (133,966 output tokens)
+  cpu    the same shape scaled down: 64 requests, prompts 32-256, outputs 16-128
+  shared 64 requests sharing a 512-token prefix + distinct 32-token suffixes, 32 outputs each
+
+Throughput = output tokens / wall time of the whole run (prefill included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minisgl.core import SamplingParams
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(p.max_tokens for p in self.params)
+
+
+def make_workload(name: str, num_requests: int | None = None, vocab_limit: int = 10000) -> Workload:
+    if name == "nano":
+        random.seed(0)
+        n = num_requests or 256
+        prompts = [[random.randint(0, vocab_limit) for _ in range(random.randint(100, 1024))] for _ in range(n)]
+        params = [
+            SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024)) for _ in range(n)
+        ]
+    elif name == "cpu":
+        random.seed(0)
+        n = num_requests or 64
+        prompts = [[random.randint(0, vocab_limit) for _ in range(random.randint(32, 256))] for _ in range(n)]
+        params = [
+            SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(16, 128)) for _ in range(n)
+        ]
+    elif name == "shared":
+        random.seed(0)
+        n = num_requests or 64
+        prefix = [random.randint(0, vocab_limit) for _ in range(512)]
+        prompts = [prefix + [random.randint(0, vocab_limit) for _ in range(32)] for _ in range(n)]
+        params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32) for _ in range(n)]
+    else:
+        raise ValueError(f"unknown workload {name!r}: nano, cpu or shared")
+    return Workload(name, prompts, params)
+
+
+def run_minisgl(w: Workload, args: argparse.Namespace, engine_args: dict) -> dict:
+    from minisgl import LLM
+
+    llm = LLM(args.model, **engine_args)
+    llm.generate(w.prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up (JIT, graphs)
+    llm.scheduler.stats.__init__()
+    sync(llm.scheduler.device)
+    t = time.perf_counter()
+    outs = llm.generate(w.prompts, w.params, use_tqdm=not args.quiet)
+    sync(llm.scheduler.device)
+    seconds = time.perf_counter() - t
+    s = llm.cache_stats
+    produced = sum(len(o.token_ids) for o in outs)
+    llm.shutdown()
+    return dict(
+        seconds=seconds,
+        output_tokens=produced,
+        prefill_tokens=s.prefill_tokens,
+        cache_hit_rate=s.hit_rate,
+        prompt_tokens=s.prompt_tokens,
+    )
+
+
+def run_hf(w: Workload, args: argparse.Namespace) -> dict:
+    """Static batches of left-padded prompts through HF ``generate``; each batch runs to its
+    longest ``max_tokens`` and only the tokens each request asked for are counted."""
+    from transformers import AutoModelForCausalLM
+
+    from minisgl.engine.engine import resolve_model
+
+    path, _ = resolve_model(args.model, False)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {
+        "auto": torch.bfloat16 if device == "cuda" else torch.float32,
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+    }[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    bs = args.hf_batch_size
+    n = len(w.prompts) if args.hf_max_requests is None else min(args.hf_max_requests, len(w.prompts))
+    sync(device)
+    t = time.perf_counter()
+    produced = 0
+    for i in range(0, n, bs):
+        prompts, params = w.prompts[i : min(i + bs, n)], w.params[i : min(i + bs, n)]
+        longest = max(map(len, prompts))
+        ids = torch.zeros(len(prompts), longest, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, p in enumerate(prompts):
+            ids[j, longest - len(p) :] = torch.tensor(p)
+            mask[j, longest - len(p) :] = 1
+        with torch.inference_mode():
+            model.generate(
+                ids.to(device),
+                attention_mask=mask.to(device),
+                do_sample=True,
+                temperature=params[0].temperature or 1.0,
+                max_new_tokens=max(p.max_tokens for p in params),
+                min_new_tokens=max(p.max_tokens for p in params),
+                pad_token_id=0,
+            )
+        produced += sum(p.max_tokens for p in params)
+    sync(device)
+    return dict(seconds=time.perf_counter() - t, output_tokens=produced, requests=n)
+
+
+def sync(device) -> None:
+    if torch.cuda.is_available() and str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="cpu", choices=["nano", "cpu", "shared"])
+    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--engine", default="minisgl", choices=["minisgl", "hf"])
+    ap.add_argument("--model", default=None, help="model folder; omitted = the embedded model")
+    ap.add_argument("--dummy-weight", action="store_true")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--cache-type", "--cache", default="radix")
+    ap.add_argument("--attention-backend", "--attn", default="auto")
+    ap.add_argument("--max-running-requests", type=int, default=256)
+    ap.add_argument("--max-prefill-length", type=int, default=8192)
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    ap.add_argument("--num-pages", type=int, default=None)
+    ap.add_argument("--hf-batch-size", type=int, default=16)
+    ap.add_argument("--hf-max-requests", type=int, default=None, help="HF on a subset (it is slow)")
+    ap.add_argument("--json", default=None, help="append the result to this JSON file")
+    ap.add_argument("--tag", default="", help="a label stored with the result")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    w = make_workload(args.workload, args.num_requests)
+    engine_args = dict(
+        dummy_weight=args.dummy_weight,
+        dtype=args.dtype,
+        page_size=args.page_size,
+        cache_type=args.cache_type,
+        attention_backend=args.attention_backend,
+        max_running_requests=args.max_running_requests,
+        max_prefill_length=args.max_prefill_length,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
+        num_pages=args.num_pages,
+    )
+    res = run_hf(w, args) if args.engine == "hf" else run_minisgl(w, args, engine_args)
+    res["throughput"] = res["output_tokens"] / res["seconds"]
+    res.update(
+        engine=args.engine,
+        workload=w.name,
+        requests=res.get("requests", len(w.prompts)),
+        model=args.model or "embedded",
+        tag=args.tag,
+        torch=torch.__version__,
+        machine=platform.machine(),
+        time=time.strftime("%Y-%m-%d %H:%M:%S"),
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        args={k: v for k, v in vars(args).items() if k not in ("json", "quiet")},
+    )
+    print(
+        f"{args.engine} {w.name}: {res['output_tokens']} tokens in {res['seconds']:.2f} s = "
+        f"{res['throughput']:.1f} tok/s"
+        + (f", cache hit rate {res['cache_hit_rate']:.1%}" if "cache_hit_rate" in res else "")
+    )
+    if args.json:
+        path = Path(args.json)
+        runs = json.loads(path.read_text()) if path.exists() else []
+        runs.append(res)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(runs, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    main()

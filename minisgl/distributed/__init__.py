@@ -1,0 +1,125 @@
+"""Tensor-parallel communication: who am I, and the two collectives the layers need.
+
+Every rank runs the same scheduler on the same requests; layers call :func:`all_reduce` (after a
+row-parallel matmul) and :func:`all_gather` (vocabulary shards of the logits). With one rank both
+are identities, so the single-GPU and CPU paths pay nothing.
+
+The collectives go through a :class:`Communicator`, the plug-in point for a faster one (custom
+all-reduce, symmetric memory) later; the default wraps ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPInfo:
+    rank: int = 0
+    size: int = 1
+
+    @property
+    def is_primary(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, n: int, what: str = "dimension") -> tuple[int, int]:
+        """The slice ``[start, end)`` of ``n`` that this rank owns (``n`` must divide evenly)."""
+        if n % self.size:
+            raise ValueError(f"cannot split {what} of size {n} over tp={self.size}")
+        step = n // self.size
+        return self.rank * step, (self.rank + 1) * step
+
+
+class Communicator:
+    """Collectives over the TP group (NCCL on CUDA, gloo on CPU)."""
+
+    def __init__(self, group: dist.ProcessGroup | None):
+        self.group = group
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenate each rank's ``x`` along ``dim`` in rank order."""
+        world = dist.get_world_size(self.group)
+        out = torch.empty((world, *x.shape), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        return torch.cat(out.unbind(0), dim=dim)
+
+
+_TP = TPInfo()
+_COMM: Communicator | None = None
+_CPU_GROUP: dist.ProcessGroup | None = None
+
+
+def get_tp_info() -> TPInfo:
+    return _TP
+
+
+def set_tp_info(info: TPInfo) -> None:
+    global _TP
+    _TP = info
+
+
+def init_distributed(rank: int, size: int, device: torch.device, init_method: str) -> None:
+    """Join the TP group. ``init_method`` is a ``tcp://host:port`` rank 0 listens on.
+
+    Creates the device group (NCCL or gloo) and a gloo CPU group for broadcasting requests."""
+    global _COMM, _CPU_GROUP
+    set_tp_info(TPInfo(rank, size))
+    if size == 1:
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        # NVLink multicast can take a shared host's GPUs down; never let NCCL use it here.
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=size, timeout=timedelta(seconds=120)
+    )
+    _COMM = Communicator(dist.group.WORLD)
+    _CPU_GROUP = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+
+
+def set_communicator(comm: Communicator) -> None:
+    """Swap in another implementation of the collectives (e.g. a custom all-reduce)."""
+    global _COMM
+    _COMM = comm
+
+
+def destroy_distributed() -> None:
+    global _COMM, _CPU_GROUP
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _COMM, _CPU_GROUP = None, None
+    set_tp_info(TPInfo())
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if _TP.size == 1:
+        return x
+    assert _COMM is not None, "init_distributed() was not called"
+    return _COMM.all_reduce(x)
+
+
+def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    if _TP.size == 1:
+        return x
+    assert _COMM is not None, "init_distributed() was not called"
+    return _COMM.all_gather(x, dim)
+
+
+def broadcast_objects(objs: list | None) -> list:
+    """Rank 0's list of Python objects, on every rank (over the gloo CPU group)."""
+    if _TP.size == 1:
+        assert objs is not None
+        return objs
+    box = [objs if _TP.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=_CPU_GROUP)
+    return box[0]

@@ -1,0 +1,171 @@
+"""The engine: builds model, KV pool, page table, attention backend, sampler and CUDA graphs, and
+runs one batch forward (``forward_batch``). It knows nothing of requests' lifetimes; that is the
+scheduler's job."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from minisgl.attention import create_backend
+from minisgl.core import Batch, forward_context
+from minisgl.distributed import get_tp_info, init_distributed
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.sample import SAMPLERS, SamplingInfo
+from minisgl.kvcache.pool import KVPool
+from minisgl.models.config import KNOWN_CONFIGS, ModelConfig
+from minisgl.models.decoder import DecoderForCausalLM
+from minisgl.models.weights import init_dummy_weights, load_weights
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_BUDGET_BYTES = 1 << 30  # the CPU default pool: 1 GiB of KV...
+CPU_KV_MAX_TOKENS = 1 << 16  # ...and at most 64k tokens
+
+
+def resolve_model(model: str | None, dummy_weight: bool = False) -> tuple[Path | None, ModelConfig]:
+    """The model folder and its config. ``None`` = the embedded model; a known architecture name
+    (e.g. ``Qwen3-0.6B``) with ``dummy_weight`` needs no folder at all."""
+    if model is None:
+        from minisgl.models.embedded import embedded_model_path
+
+        path = embedded_model_path()
+        return path, ModelConfig.from_path(path)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ValueError(f"{path} has no config.json: not a Hugging Face model folder")
+        return path, ModelConfig.from_path(path)
+    if dummy_weight and model in KNOWN_CONFIGS:
+        return None, ModelConfig.from_dict(KNOWN_CONFIGS[model])
+    try:  # a hub id that is already in the local HF cache (we never download)
+        from huggingface_hub import snapshot_download
+
+        local = Path(snapshot_download(model, local_files_only=True))
+        return local, ModelConfig.from_path(local)
+    except Exception:
+        pass
+    known = ", ".join(KNOWN_CONFIGS)
+    raise ValueError(
+        f"model {model!r} not found: pass a local Hugging Face folder (with config.json and "
+        f"*.safetensors), omit --model for the embedded model, or use --dummy-weight with one of {known}"
+    )
+
+
+def check_tp_size(cfg: ModelConfig, tp: int) -> None:
+    """Refuse head counts that do not split over ``tp`` ranks, naming sizes that work."""
+    ok_heads = cfg.num_heads % tp == 0
+    kv = cfg.num_kv_heads
+    ok_kv = kv % tp == 0 if tp <= kv else tp % kv == 0
+    if not (ok_heads and ok_kv):
+        good = [
+            n
+            for n in range(1, cfg.num_heads + 1)
+            if cfg.num_heads % n == 0 and (kv % n == 0 if n <= kv else n % kv == 0)
+        ]
+        raise ValueError(
+            f"tp_size={tp} does not divide this model's {cfg.num_heads} attention heads / {kv} KV heads; "
+            f"tensor-parallel sizes that work: {good}"
+        )
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype
+        self.model_path, self.model_config = resolve_model(config.model, config.dummy_weight)
+        check_tp_size(self.model_config, config.tp_size)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        init_distributed(config.tp_rank, config.tp_size, self.device, config.dist_init_method)
+        self.tp = get_tp_info()
+        self.model = self._load_model()
+        cfg = self.model_config
+        self.max_seq_len = min(cfg.max_position, config.max_seq_len or cfg.max_position)
+        self.num_pages = self._num_pages()
+        self.kv_pool = KVPool(
+            cfg.num_layers,
+            self.num_pages,
+            config.page_size,
+            self.model.model.layers[0].self_attn.num_kv_heads,
+            cfg.head_dim,
+            self.dtype,
+            self.device,
+        )
+        # page_table[row, position] -> KV slot; one spare row for the dummy requests that pad CUDA graphs
+        self.max_running = config.max_running_requests
+        width = -(-self.max_seq_len // config.page_size) * config.page_size
+        self.page_table = torch.zeros(self.max_running + 1, width, dtype=torch.int32, device=self.device)
+        self.attn_backend = create_backend(
+            config.attention_backend,
+            self.kv_pool,
+            self.page_table,
+            self.model.model.layers[0].self_attn.num_heads,
+            cfg.head_dim,
+        )
+        self.sampler = SAMPLERS["default"]()
+        self.graph_runner = None
+        if self.device.type == "cuda":
+            from minisgl.engine.graph import GraphRunner
+
+            self.graph_runner = GraphRunner.create(self)
+
+    def _load_model(self) -> DecoderForCausalLM:
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = DecoderForCausalLM(self.model_config)
+        finally:
+            torch.set_default_dtype(prev)
+        if self.config.dummy_weight or self.model_path is None:
+            init_dummy_weights(model, seed=self.config.seed)
+        else:
+            load_weights(model, self.model_path)
+        return model.eval()
+
+    def _num_pages(self) -> int:
+        cfg, page = self.model_config, self.config.page_size
+        if self.config.num_pages is not None:
+            return self.config.num_pages
+        kv_heads = self.model.model.layers[0].self_attn.num_kv_heads
+        per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, self.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            tokens = int(free * self.config.memory_ratio) // per_token
+            if self.tp.size > 1:  # every rank must plan with the same pool size
+                t = torch.tensor([tokens], device=self.device)
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+                tokens = int(t.item())
+        else:
+            tokens = min(CPU_KV_BUDGET_BYTES // per_token, CPU_KV_MAX_TOKENS)
+        pages = max(1, tokens // page)
+        logger.info(
+            "KV pool: %d tokens in %d pages of %d, %.2f GiB (%s)",
+            pages * page,
+            pages,
+            page,
+            pages * page * per_token / 2**30,
+            self.dtype,
+        )
+        return pages
+
+    @torch.inference_mode()
+    def forward_batch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:
+        """Run the model on ``batch`` and sample: next token ids ``[batch.size]`` on the device."""
+        with forward_context(batch, self.attn_backend):
+            if self.graph_runner is not None and self.graph_runner.can_run(batch):
+                logits = self.graph_runner.replay(batch)
+            else:
+                self.attn_backend.prepare_metadata(batch)
+                logits = self.model(batch.input_ids, batch.positions, batch.logit_idx)
+        return self.sampler.sample(logits[: batch.size], info)
+
+    def shutdown(self) -> None:
+        from minisgl.distributed import destroy_distributed
+
+        if self.tp.size > 1:
+            destroy_distributed()

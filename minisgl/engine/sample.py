@@ -1,0 +1,116 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, each request with its own parameters.
+
+Randomness is *counter-based*: the noise for request ``r`` at its ``n``-th output token is a hash
+of ``(seed_r, n, token_id)``. No generator state is carried between steps, so a seeded request
+gives the same tokens whatever it is batched with, on any device, and every tensor-parallel rank
+draws the same tokens with no communication.
+
+Sampling uses the Gumbel-max trick: ``argmax(logits / T + g)`` with ``g = -log(-log(u))`` is a
+draw from ``softmax(logits / T)``; filtered tokens get ``-inf`` logits first.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.core import Batch
+
+_M32 = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingInfo:
+    """Per-row parameters of one batch, on the device (built once per batch)."""
+
+    temperatures: torch.Tensor  # [B] float32, 0 for greedy rows
+    top_k: torch.Tensor  # [B] int64, vocab size when disabled
+    top_p: torch.Tensor  # [B] float32, 1.0 when disabled
+    seeds: torch.Tensor  # [B] int64
+    steps: torch.Tensor  # [B] int64: index of the output token being sampled
+    all_greedy: bool
+    need_top_k: bool
+    need_top_p: bool
+
+    @classmethod
+    def from_batch(cls, batch: Batch, vocab_size: int, device: torch.device) -> SamplingInfo:
+        reqs = batch.reqs
+        temps = [r.sampling.temperature if not r.sampling.is_greedy else 0.0 for r in reqs]
+        top_k = [r.sampling.top_k if 0 < r.sampling.top_k < vocab_size else vocab_size for r in reqs]
+        top_p = [r.sampling.top_p for r in reqs]
+        seeds = [r.seed for r in reqs]
+        steps = [r.num_scheduled_outputs for r in reqs]
+        t = lambda x, dt: torch.tensor(x, dtype=dt).to(device, non_blocking=True)
+        return cls(
+            temperatures=t(temps, torch.float32),
+            top_k=t(top_k, torch.int64),
+            top_p=t(top_p, torch.float32),
+            seeds=t(seeds, torch.int64),
+            steps=t(steps, torch.int64),
+            all_greedy=all(x == 0.0 for x in temps),
+            need_top_k=any(k < vocab_size for k in top_k),
+            need_top_p=any(p < 1.0 for p in top_p),
+        )
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply) on int64 tensors holding values < 2^32; the
+    multiplier is < 2^27, so products stay below 2^63 and nothing overflows."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    return (x >> 16) ^ x
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``u[r, v]`` in (0, 1), a pure function of ``(seeds[r], steps[r], v)``; float32 with 24 bits."""
+    key = _mix32(_mix32(seeds & _M32) ^ (steps & _M32))
+    key = _mix32(key ^ ((seeds >> 32) & _M32))
+    vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    h = _mix32((key[:, None] + vocab[None, :] * 0x9E3779B9) & _M32)
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def filter_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
+    """Temperature-scaled logits with tokens outside each row's top-k / top-p set to ``-inf``.
+
+    top-k keeps tokens whose logit is >= the k-th largest; top-p keeps the smallest set of the most
+    likely tokens whose probabilities sum to >= p (the token that crosses p is kept)."""
+    temps = torch.where(info.temperatures > 0, info.temperatures, torch.ones_like(info.temperatures))
+    logits = logits / temps[:, None]
+    if not (info.need_top_k or info.need_top_p):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if info.need_top_k:
+        rank = torch.arange(logits.shape[-1], device=logits.device)
+        kth = sorted_logits.gather(1, (info.top_k - 1).clamp(min=0)[:, None])
+        drop |= (rank[None, :] >= info.top_k[:, None]) & (sorted_logits < kth)
+    if info.need_top_p:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
+        drop |= before >= info.top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+class Sampler(ABC):
+    """Turns a batch's logits ``[B, vocab]`` (float32) into token ids ``[B]`` (int64)."""
+
+    @abstractmethod
+    def sample(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor: ...
+
+
+class DefaultSampler(Sampler):
+    def sample(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)
+        if info.all_greedy:
+            return greedy
+        scores = filter_logits(logits, info)
+        gumbel = -torch.log(-torch.log(uniform_noise(info.seeds, info.steps, logits.shape[-1])))
+        sampled = (scores + gumbel).argmax(dim=-1)
+        return torch.where(info.temperatures > 0, sampled, greedy)
+
+
+SAMPLERS: dict[str, type[Sampler]] = {"default": DefaultSampler}

@@ -1,0 +1,62 @@
+"""The KV pool: K and V of every layer for a fixed number of token slots.
+
+Layout (FlashInfer's paged "NHD")::
+
+    buffer[layer, 0 (K) | 1 (V), page, offset_in_page, kv_head, head_dim]
+    slot index = page * page_size + offset_in_page
+
+Pages ``[0, num_pages)`` are handed out by the allocator; one extra page at the end is scratch that
+padded (dummy) requests of a CUDA-graph batch write into, so they never touch real data.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        if num_pages <= 0 or page_size <= 0:
+            raise ValueError(f"the KV pool needs num_pages > 0 and page_size > 0, got {num_pages}, {page_size}")
+        self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        self.buffer = torch.zeros(
+            num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim, dtype=dtype, device=device
+        )
+        self.scratch_slot = num_pages * page_size
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return num_layers * 2 * num_kv_heads * head_dim * dtype.itemsize
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        """``[num_pages + 1, page_size, kv_heads, head_dim]``"""
+        return self.buffer[layer, 0]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        return self.buffer[layer, 1]
+
+    def k_slots(self, layer: int) -> torch.Tensor:
+        """The same memory as ``[num_slots + page_size, kv_heads, head_dim]``, indexed by slot."""
+        return self.buffer[layer, 0].flatten(0, 1)
+
+    def v_slots(self, layer: int) -> torch.Tensor:
+        return self.buffer[layer, 1].flatten(0, 1)
+
+    def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new tokens' K/V (``[n, kv_heads, head_dim]``) into slots ``loc``."""
+        self.k_slots(layer)[loc] = k
+        self.v_slots(layer)[loc] = v

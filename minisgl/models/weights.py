@@ -1,0 +1,79 @@
+"""Loading weights: HF safetensors names -> our (fused, sharded) parameters."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from minisgl.layers.linear import load_full
+
+# checkpoint name fragment -> (our name fragment, shard id) for the fused projections
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_FUSED_RE = re.compile(r"\.(" + "|".join(_FUSED) + r")\.")
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """All safetensors files of a model folder, through ``model.safetensors.index.json`` if any."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {path}; minisgl loads safetensors checkpoints only")
+    return files
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Copy every checkpoint tensor into its parameter; each rank reads only its own slice.
+    Raises ``ValueError`` if a parameter is left unloaded (tied LM heads are loaded with the
+    embedding)."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in checkpoint_files(Path(path)):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if "rotary_emb" in name:
+                    continue
+                target, shard = name, None
+                m = _FUSED_RE.search(name)
+                if m:
+                    ours, shard = _FUSED[m.group(1)]
+                    target = name.replace(f".{m.group(1)}.", f".{ours}.")
+                if target not in params:
+                    if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
+                        continue  # some tied checkpoints still store a copy
+                    raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
+                p = params[target]
+                getattr(p, "weight_loader", load_full)(p, f.get_slice(name), shard)
+                loaded.add(target)
+    missing = set(params) - loaded
+    if missing:
+        raise ValueError(f"checkpoint at {path} lacks {sorted(missing)[:5]}{'...' if len(missing) > 5 else ''}")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights of the right scale for benchmarking real architectures with no download:
+    norms at 1, biases at 0, matrices ~ U(-a, a) with ``a = sqrt(3 / fan_in)`` (unit variance out)."""
+    gens: dict[torch.device, torch.Generator] = {}
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif p.dim() == 1:
+            p.zero_()
+        else:
+            gen = gens.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
+            bound = (3.0 / p.shape[-1]) ** 0.5
+            p.uniform_(-bound, bound, generator=gen)

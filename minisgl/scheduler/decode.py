@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from minisgl.core import Req
+
+
+class DecodeManager:
+    """The requests whose prompt is done: each decode batch extends all of them by one token."""
+
+    def __init__(self):
+        self.running: dict[Req, None] = {}  # insertion-ordered set
+
+    def add(self, req: Req) -> None:
+        self.running[req] = None
+
+    def remove(self, req: Req) -> None:
+        self.running.pop(req, None)
+
+    def schedule(self) -> list[Req]:
+        return [r for r in self.running if r.can_decode]

@@ -1,0 +1,263 @@
+"""The scheduler: continuous batching over the engine.
+
+Each ``step()`` picks one batch, runs it, and reports the sampled tokens:
+
+    schedule  -> prefill batch (admit waiting requests, continue a chunked prompt) or decode batch
+    prepare   -> allocate KV pages, write the page table, build input/position/slot tensors
+    forward   -> engine.forward_batch: model + sampling; sampled ids go into the token pool
+    process   -> (host) append tokens, detect finished requests, free or cache their memory
+
+Policy: prefill first (new requests start as soon as memory allows), except that after a chunk of a
+long prompt the running requests get one decode step before the next chunk, so a long prompt
+delays their next token by at most one chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine
+from minisgl.engine.sample import SamplingInfo
+from minisgl.scheduler.cache import CacheManager
+from minisgl.scheduler.decode import DecodeManager
+from minisgl.scheduler.prefill import Extend, PrefillManager
+from minisgl.scheduler.table import ReqTable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token of a request; ``finish_reason`` is set on its last one."""
+
+    uid: int
+    token_id: int
+    finish_reason: str | None = None
+
+
+@dataclass
+class CacheStats:
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    hit_tokens: int = 0  # of which served from the prefix cache
+    prefill_tokens: int = 0  # tokens computed by prefill batches
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, engine: Engine | None = None):
+        self.config = config
+        self.engine = engine or Engine(config)
+        e = self.engine
+        self.device, self.page_size = e.device, config.page_size
+        self.table = ReqTable(e.page_table)
+        self.cache = CacheManager(e.num_pages, config.page_size, config.cache_type)
+        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_length)
+        self.decode = DecodeManager()
+        self.reqs: dict[int, Req] = {}
+        self.eos_ids: set[int] = set(e.model_config.eos_token_ids)
+        self.stats = CacheStats()
+        self._after_chunk = False
+        self._seed_rng = random.Random(config.seed)
+
+    # ---- requests in and out -------------------------------------------------------------
+    def add_request(self, uid: int, input_ids: list[int], sampling: SamplingParams) -> Req:
+        """Queue a request; raises ``ValueError`` (and queues nothing) if it can never run."""
+        return self.add(self.make_request(uid, input_ids, sampling))
+
+    def add(self, req: Req) -> Req:
+        """Queue a request made (and validated) by ``make_request``."""
+        if req.uid in self.reqs:
+            raise ValueError(f"request id {req.uid} is already in use")
+        self.reqs[req.uid] = req
+        self.prefill.add(req)
+        return req
+
+    def make_request(self, uid: int, input_ids: list[int], sampling: SamplingParams) -> Req:
+        """Check a request and build it; raises ``ValueError`` saying what to change."""
+        sampling.validate()
+        if uid in self.reqs:
+            raise ValueError(f"request id {uid} is already in use")
+        n, vocab = len(input_ids), self.engine.model_config.vocab_size
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if any(not (0 <= t < vocab) for t in input_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        max_len = self.engine.max_seq_len
+        if n >= max_len:
+            raise ValueError(
+                f"the prompt has {n} tokens but the context is {max_len} tokens (prompt + output); shorten the prompt"
+            )
+        seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
+        req = Req(uid, list(input_ids), sampling, seed)
+        req.max_device_len = min(req.max_device_len, max_len)  # outputs stop at the context ("length")
+        need = self.cache.pages_still_needed(req)
+        if need > self.engine.num_pages:
+            raise ValueError(
+                f"the request needs {need * self.page_size} KV slots (prompt {n} + max_tokens) but the "
+                f"whole KV pool holds {self.engine.num_pages * self.page_size}; lower max_tokens, "
+                "shorten the prompt or give the pool more memory (--num-pages / --memory-ratio)"
+            )
+        return req
+
+    def abort(self, uid: int) -> bool:
+        """Stop a request now and free its memory; False if it is unknown or already done."""
+        req = self.reqs.get(uid)
+        if req is None:
+            return False
+        if self.prefill.remove(req):
+            del self.reqs[uid]
+            req.finish_reason = "abort"
+            return True
+        if self.prefill.chunked is req:
+            self.prefill.chunked = None
+        self._finish(req, "abort")
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.reqs)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.decode.running) + (self.prefill.chunked is not None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.prefill.pending)
+
+    # ---- one step ------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        batch = self.schedule()
+        if batch is None:
+            return []
+        info = self.prepare(batch)
+        tokens = self.launch(batch, info)
+        events = self.process(batch, tokens.cpu())
+        if self.config.debug_checks:
+            self.check_memory()
+        return events
+
+    def schedule(self) -> Batch | None:
+        if self.prefill.has_work and not (self._after_chunk and self.decode.schedule()):
+            admitted = list(self.decode.running) + ([self.prefill.chunked] if self.prefill.chunked else [])
+            reserved = sum(self.cache.pages_still_needed(r) for r in admitted)
+            extends = self.prefill.schedule(reserved)
+            for x in extends:
+                if x.start == x.req.hit_len:  # first chunk of a newly admitted request
+                    self.stats.prompt_tokens += x.req.prompt_len
+                    self.stats.hit_tokens += x.req.hit_len
+            if extends:
+                self._after_chunk = self.prefill.chunked is not None
+                return self._batch(extends, "prefill")
+        self._after_chunk = False
+        reqs = self.decode.schedule()
+        if not reqs:
+            return None
+        return self._batch([Extend(r, r.device_len - 1, r.device_len) for r in reqs], "decode")
+
+    def _batch(self, extends: list[Extend], phase: str) -> Batch:
+        batch = Batch([x.req for x in extends], phase)  # type: ignore[arg-type]
+        batch.starts = [x.start for x in extends]
+        batch.ends = [x.end for x in extends]
+        return batch
+
+    def prepare(self, batch: Batch) -> SamplingInfo:
+        """Allocate KV for the batch's new tokens, build its tensors, and advance the requests'
+        counters (as if the pass had already run: the next batch may be planned before it ends)."""
+        p, table = self.page_size, self.table
+        for req, end in zip(batch.reqs, batch.ends):
+            short = -(-end // p) * p - req.alloc_len
+            if short > 0:
+                slots = self.cache.alloc_slots(short // p)
+                table.set_slots(req.table_idx, req.alloc_len, slots)
+                req.alloc_len += short
+        table.sync()
+        rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
+        starts = torch.tensor(batch.starts, dtype=torch.int64)
+        lens = torch.tensor(batch.ends, dtype=torch.int64) - starts
+        tok_rows = torch.repeat_interleave(rows, lens)
+        first = torch.cumsum(lens, 0) - lens
+        tok_pos = torch.arange(int(lens.sum())) - torch.repeat_interleave(first - starts, lens)
+        dev = lambda t: t.to(self.device, non_blocking=True)
+        batch.out_loc = dev(table.page_table_cpu[tok_rows, tok_pos].to(torch.int64))
+        batch.positions = dev(tok_pos)
+        batch.input_ids = table.token_pool[dev(tok_rows), batch.positions]
+        batch.logit_idx = dev(first + lens - 1)
+        batch.table_idx = dev(rows)
+        info = SamplingInfo.from_batch(batch, self.engine.model_config.vocab_size, self.device)
+        batch.sample_mask = []
+        for req, end in zip(batch.reqs, batch.ends):
+            keep = end == req.device_len
+            batch.sample_mask.append(keep)
+            req.cached_len = end
+            if keep:
+                req.device_len += 1
+                if self.prefill.chunked is not req:
+                    self.decode.add(req)
+        if batch.is_prefill:
+            self.stats.prefill_tokens += int(lens.sum())
+        return info
+
+    def launch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:
+        """Run the forward pass; write the kept samples into the token pool (on the device)."""
+        tokens = self.engine.forward_batch(batch, info)
+        mask = torch.tensor(batch.sample_mask, device=self.device)
+        rows, pos = batch.table_idx, torch.tensor(batch.ends, device=self.device)
+        self.table.token_pool[rows[mask], pos[mask]] = tokens[mask].to(torch.int32)
+        return tokens
+
+    def process(self, batch: Batch, tokens: torch.Tensor) -> list[TokenEvent]:
+        events = []
+        for i, req in enumerate(batch.reqs):
+            if not batch.sample_mask[i] or req.finish_reason is not None:
+                continue
+            tok = int(tokens[i])
+            req.output_ids.append(tok)
+            reason = None
+            if tok in req.sampling.stop_token_ids or (not req.sampling.ignore_eos and tok in self.eos_ids):
+                reason = "stop"
+            elif req.prompt_len + len(req.output_ids) >= req.max_device_len:
+                reason = "length"
+            events.append(TokenEvent(req.uid, tok, reason))
+            if reason is not None:
+                self._finish(req, reason)
+        return events
+
+    def _finish(self, req: Req, reason: str) -> None:
+        req.finish_reason = reason  # type: ignore[assignment]
+        self.decode.remove(req)
+        self.reqs.pop(req.uid, None)
+        if req.table_idx < 0:
+            return
+        tokens = req.all_token_ids()[: req.cached_len]
+        slots = self.table.slots(req.table_idx, 0, req.alloc_len)
+        self.cache.release(tokens, slots, req.hit_len, req.cache_handle)
+        self.table.free_row(req.table_idx)
+        req.table_idx = -1
+
+    # ---- invariants ----------------------------------------------------------------------
+    def check_memory(self) -> None:
+        """Every slot is free, in the cache, or owned by exactly one admitted request, and no
+        request holds more than it reserved."""
+        cache = self.cache.cache
+        cache.check_integrity()
+        admitted = [r for r in self.reqs.values() if r.table_idx >= 0]
+        owned = sum(r.alloc_len - r.hit_len for r in admitted)
+        total = self.cache.allocator.num_free * self.page_size + cache.evictable_size + cache.protected_size
+        assert total + owned == self.engine.num_pages * self.page_size, (
+            f"KV accounting broken: free+cached {total} + owned {owned} != {self.engine.num_pages * self.page_size}"
+        )
+        for r in admitted:
+            assert r.alloc_len <= -(-(r.max_device_len - 1) // self.page_size) * self.page_size, (
+                f"request {r.uid} holds more KV than it reserved"
+            )
+        assert len(admitted) <= self.config.max_running_requests

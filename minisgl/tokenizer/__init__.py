@@ -1,0 +1,30 @@
+"""Tokenizer loading (and, for the server, the tokenizer/detokenizer workers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_tokenizer(path: Path | None) -> Any:
+    """The HF tokenizer of a model folder, or None (dummy-weight architectures have none)."""
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def eos_token_ids(tokenizer: Any) -> set[int]:
+    if tokenizer is None or tokenizer.eos_token_id is None:
+        return set()
+    return {int(tokenizer.eos_token_id)}
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template; send a plain prompt instead")
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
+        out = out["input_ids"]
+    return list(out)

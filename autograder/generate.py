@@ -88,7 +88,8 @@ def differences(solutions: Path = SOLUTIONS_DIR, labs: Path = LABS_DIR) -> list[
     have = {p.name for p in labs.glob("lab*.py") if LAB_FILE.match(p.name)} if labs.is_dir() else set()
     problems = [f"labs/{n} is missing" for n in sorted(set(want) - have)]
     problems += [f"labs/{n} has no solution in solutions/ (remove it)" for n in sorted(have - set(want))]
-    problems += [f"labs/{n} differs from its generated stub" for n in sorted(have & set(want)) if (labs / n).read_text() != want[n]]
+    stale = [n for n in sorted(have & set(want)) if (labs / n).read_text() != want[n]]
+    problems += [f"labs/{n} differs from its generated stub" for n in stale]
     return problems
 
 

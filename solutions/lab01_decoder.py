@@ -70,7 +70,7 @@ def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None
     * otherwise blend: ``(1 - s) * inv_freq / factor + s * inv_freq`` with
       ``s = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)``
     """
-    # BEGIN SOLUTION hint="start from inv_freq[i] = 1 / base ** (2i / head_dim) for i < head_dim // 2 (float32)"
+    # BEGIN SOLUTION hint="set inv_freq[i] = 1 / base ** (2i / head_dim) for i < head_dim // 2 (a float32 tensor)"
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (base**exponents)
     # END SOLUTION

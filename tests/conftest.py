@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def save_tiny_model(kind: str, path: Path, **overrides) -> Path:
+def save_tiny_model(kind: str, path: Path, tokenizer: bool = True, **overrides) -> Path:
     """A random model of the given architecture with a copy of the embedded tokenizer (same
     vocabulary size, so text prompts work through the server too)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
@@ -85,11 +85,12 @@ def save_tiny_model(kind: str, path: Path, **overrides) -> Path:
                 p.uniform_(0.5, 1.5)
     # the Llama one is saved in several shards (model.safetensors.index.json) to test that path
     model.save_pretrained(path, max_shard_size="2MB" if kind == "llama" else "1GB")
-    from transformers import AutoTokenizer
+    if tokenizer:
+        from transformers import AutoTokenizer
 
-    from minisgl.models.embedded import embedded_model_path
+        from minisgl.models.embedded import embedded_model_path
 
-    AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(path)
+        AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(path)
     return path
 
 

@@ -99,9 +99,7 @@ def test_unknown_model_and_bad_engine_args(tiny_llama):
         LLM(str(tiny_llama), attention_backend="nope")
 
 
-request_mix = st.lists(
-    st.tuples(st.integers(1, 60), st.integers(1, 24), st.integers(0, 3)), min_size=1, max_size=12
-)
+request_mix = st.lists(st.tuples(st.integers(1, 60), st.integers(1, 24), st.integers(0, 3)), min_size=1, max_size=12)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -119,8 +117,10 @@ def test_memory_accounting_property(tiny_llama, mix, page_size, max_running, chu
     evicting everything)."""
     llm = _cached_llm(tiny_llama, page_size, max_running, chunk, cache)
     sched = llm.scheduler
-    prompts = [[(7 * i + j) % 97 + 3 for j in range(n)] if share == 0 else [5 + share] * n for i, (n, _, share) in
-               enumerate(mix)]
+    prompts = [
+        [(7 * i + j) % 97 + 3 for j in range(n)] if share == 0 else [5 + share] * n
+        for i, (n, _, share) in enumerate(mix)
+    ]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for _, m, _ in mix]
     peak = 0
     orig_step = sched.step
@@ -154,7 +154,14 @@ def _cached_llm(path, page_size, max_running, chunk, cache):
     """One engine per config (building one per hypothesis example would dominate the run time)."""
     key = (page_size, max_running, chunk, cache)
     if key not in _LLMS:
-        _LLMS[key] = LLM(str(path), dtype="float32", page_size=page_size, max_running_requests=max_running,
-                         max_prefill_length=chunk, cache_type=cache, num_pages=96 // page_size + 8,
-                         debug_checks=True)
+        _LLMS[key] = LLM(
+            str(path),
+            dtype="float32",
+            page_size=page_size,
+            max_running_requests=max_running,
+            max_prefill_length=chunk,
+            cache_type=cache,
+            num_pages=96 // page_size + 8,
+            debug_checks=True,
+        )
     return _LLMS[key]

@@ -74,8 +74,15 @@ def test_tiny_models_match_hf(tiny_model, tiny_refs, cfg):
 def test_small_running_limit_matches_hf(tiny_llama, tiny_refs):
     """Requests admitted a few at a time (max_running_requests=2), with a tiny KV pool."""
     refs, prompts = tiny_refs
-    llm = LLM(str(tiny_llama), dtype="float32", max_running_requests=2, num_pages=40, page_size=4,
-              max_prefill_length=16, debug_checks=True)
+    llm = LLM(
+        str(tiny_llama),
+        dtype="float32",
+        max_running_requests=2,
+        num_pages=40,
+        page_size=4,
+        max_prefill_length=16,
+        debug_checks=True,
+    )
     outs = llm.generate(prompts, SamplingParams(max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == refs[tiny_llama]
     assert llm.cache_stats.hit_tokens > 0

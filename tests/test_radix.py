@@ -77,8 +77,12 @@ class RadixMachine(RuleBasedStateMachine):
         assert set(freed) <= self.kept, "evict() returned a slot the cache did not own"
         self.returned |= set(freed)
         self.kept -= set(freed)
-        locked = {s for _, pre in self.locks for k in range(self.page_size, len(pre) + 1, self.page_size)
-                  for s in self.model[pre[:k]]}
+        locked = {
+            s
+            for _, pre in self.locks
+            for k in range(self.page_size, len(pre) + 1, self.page_size)
+            for s in self.model[pre[:k]]
+        }
         assert not (set(freed) & locked), "evict() freed a locked prefix"
         self.model = {k: v for k, v in self.model.items() if not set(v) & set(freed)}
         # the model stays prefix-closed: a cached prefix's parent prefix is cached too

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.engine.sample import DefaultSampler, SamplingInfo, filter_logits, uniform_noise
+from minisgl.engine.sample import DefaultSampler, SamplingInfo, filter_logits, uniform
 
 V = 50
 
@@ -16,9 +16,14 @@ V = 50
 def info(n: int, temperature=1.0, top_k=V, top_p=1.0, seed=0, step=0) -> SamplingInfo:
     f = lambda x, dt: torch.full((n,), x, dtype=dt)
     return SamplingInfo(
-        temperatures=f(temperature, torch.float32), top_k=f(top_k, torch.int64), top_p=f(top_p, torch.float32),
-        seeds=torch.arange(n, dtype=torch.int64) + seed, steps=f(step, torch.int64),
-        all_greedy=temperature == 0, need_top_k=top_k < V, need_top_p=top_p < 1.0,
+        temperatures=f(temperature, torch.float32),
+        top_k=f(top_k, torch.int64),
+        top_p=f(top_p, torch.float32),
+        seeds=torch.arange(n, dtype=torch.int64) + seed,
+        steps=f(step, torch.int64),
+        all_greedy=temperature == 0,
+        need_top_k=top_k < V,
+        need_top_p=top_p < 1.0,
     )
 
 
@@ -62,22 +67,44 @@ def test_top_p_never_leaves_the_nucleus(p):
 
 def test_filter_keeps_exactly_the_definitions():
     logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
-    i = SamplingInfo(torch.tensor([1.0]), torch.tensor([2]), torch.tensor([1.0]), torch.tensor([0]),
-                     torch.tensor([0]), False, True, False)
+    i = SamplingInfo(
+        torch.tensor([1.0]),
+        torch.tensor([2]),
+        torch.tensor([1.0]),
+        torch.tensor([0]),
+        torch.tensor([0]),
+        False,
+        True,
+        False,
+    )
     assert torch.isfinite(filter_logits(logits, i)).tolist() == [[True, True, False, False, False]]
     p = logits.softmax(-1)[0]  # 0.64, 0.24, 0.09, ...: p=0.7 needs the first two
-    i = SamplingInfo(torch.tensor([1.0]), torch.tensor([5]), torch.tensor([0.7]), torch.tensor([0]),
-                     torch.tensor([0]), False, False, True)
+    i = SamplingInfo(
+        torch.tensor([1.0]),
+        torch.tensor([5]),
+        torch.tensor([0.7]),
+        torch.tensor([0]),
+        torch.tensor([0]),
+        False,
+        False,
+        True,
+    )
     assert p[0] < 0.7 < p[0] + p[1]
     assert torch.isfinite(filter_logits(logits, i)).tolist() == [[True, True, False, False, False]]
 
 
-def test_noise_is_uniform_and_a_function_of_seed_and_step():
-    u = uniform_noise(torch.tensor([1, 2, 1]), torch.tensor([0, 0, 0]), 10000)
-    assert torch.equal(u[0], u[2]) and not torch.equal(u[0], u[1])
+def test_uniforms_are_uniform_and_a_function_of_seed_and_step():
+    seeds = torch.arange(20000, dtype=torch.int64) * 7919
+    u = uniform(seeds, torch.zeros_like(seeds))
     assert 0 < float(u.min()) and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
-    assert not torch.equal(u[0], uniform_noise(torch.tensor([1]), torch.tensor([1]), 10000)[0])
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / len(u)
+    assert float((hist - 0.1).abs().max()) < 0.01
+    again = uniform(torch.tensor([5, 5, 6]), torch.tensor([3, 4, 3]))
+    assert again[0] != again[1] and again[0] != again[2]
+    assert torch.equal(again, uniform(torch.tensor([5, 5, 6]), torch.tensor([3, 4, 3])))
+    steps = uniform(torch.full((20000,), 42), torch.arange(20000))  # one request over many steps
+    assert abs(float(steps.mean()) - 0.5) < 0.01
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, V, 1.0), (0.7, V, 1.0), (1.0, 5, 1.0), (1.0, V, 0.8)])
@@ -111,8 +138,7 @@ def test_seeded_requests_repeat_whatever_their_batch(tiny_llama):
 def test_temperature_changes_diversity(tiny_llama):
     """Unseeded sampled requests differ from each other; greedy ones do not."""
     llm = LLM(str(tiny_llama), dtype="float32")
-    outs = llm.generate([[5, 6, 7]] * 8, SamplingParams(temperature=1.5, max_tokens=8, ignore_eos=True),
-                        use_tqdm=False)
+    outs = llm.generate([[5, 6, 7]] * 8, SamplingParams(temperature=1.5, max_tokens=8, ignore_eos=True), use_tqdm=False)
     assert len({tuple(o.token_ids) for o in outs}) > 1
     outs = llm.generate([[5, 6, 7]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     assert len({tuple(o.token_ids) for o in outs}) == 1

@@ -92,18 +92,25 @@ def run_minisgl(w: Workload, args: argparse.Namespace, engine_args: dict) -> dic
 def run_hf(w: Workload, args: argparse.Namespace) -> dict:
     """Static batches of left-padded prompts through HF ``generate``; each batch runs to its
     longest ``max_tokens`` and only the tokens each request asked for are counted."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from minisgl.engine.engine import resolve_model
+    from minisgl.models.config import KNOWN_CONFIGS
 
-    path, _ = resolve_model(args.model, False)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = {
         "auto": torch.bfloat16 if device == "cuda" else torch.float32,
         "float32": torch.float32,
         "bfloat16": torch.bfloat16,
     }[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if args.dummy_weight and args.model in KNOWN_CONFIGS:  # the same architecture, random weights
+        d = dict(KNOWN_CONFIGS[args.model])
+        cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    else:
+        path, _ = resolve_model(args.model, False)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     bs = args.hf_batch_size
     n = len(w.prompts) if args.hf_max_requests is None else min(args.hf_max_requests, len(w.prompts))
     sync(device)
@@ -158,6 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tag", default="", help="a label stored with the result")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     w = make_workload(args.workload, args.num_requests)
     engine_args = dict(
         dummy_weight=args.dummy_weight,

@@ -1,12 +1,13 @@
 """Batched sampling: greedy, temperature, top-k, top-p, each request with its own parameters.
 
-Randomness is *counter-based*: the noise for request ``r`` at its ``n``-th output token is a hash
-of ``(seed_r, n, token_id)``. No generator state is carried between steps, so a seeded request
+Randomness is *counter-based*: the uniform number used for request ``r``'s ``n``-th output token
+is a hash of ``(seed_r, n)``. No generator state is carried between steps, so a seeded request
 gives the same tokens whatever it is batched with, on any device, and every tensor-parallel rank
 draws the same tokens with no communication.
 
-Sampling uses the Gumbel-max trick: ``argmax(logits / T + g)`` with ``g = -log(-log(u))`` is a
-draw from ``softmax(logits / T)``; filtered tokens get ``-inf`` logits first.
+A draw is an inverse-CDF lookup: with ``p = softmax(filtered logits / T)`` and ``u`` uniform in
+(0, 1), the token is the first ``i`` with ``cumsum(p)[i] >= u`` (filtered tokens have ``p = 0`` and
+can never be picked). One uniform per row keeps the cost at a softmax and a cumsum per step.
 """
 
 from __future__ import annotations
@@ -63,13 +64,13 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``u[r, v]`` in (0, 1), a pure function of ``(seeds[r], steps[r], v)``; float32 with 24 bits."""
-    key = _mix32(_mix32(seeds & _M32) ^ (steps & _M32))
-    key = _mix32(key ^ ((seeds >> 32) & _M32))
-    vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    h = _mix32((key[:, None] + vocab[None, :] * 0x9E3779B9) & _M32)
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+def uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """``u[r]`` in (0, 1), a pure function of ``(seeds[r], steps[r])``; float64 with 52 random bits."""
+    lo = _mix32(_mix32(seeds & _M32) ^ (steps & _M32))
+    lo = _mix32(lo ^ ((seeds >> 32) & _M32))
+    hi = _mix32(lo ^ 0x5BD1E995)
+    bits = (hi >> 12) << 32 | lo  # 20 + 32 bits
+    return (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 52))
 
 
 def filter_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
@@ -107,9 +108,9 @@ class DefaultSampler(Sampler):
         greedy = logits.argmax(dim=-1)
         if info.all_greedy:
             return greedy
-        scores = filter_logits(logits, info)
-        gumbel = -torch.log(-torch.log(uniform_noise(info.seeds, info.steps, logits.shape[-1])))
-        sampled = (scores + gumbel).argmax(dim=-1)
+        cdf = filter_logits(logits, info).softmax(dim=-1).cumsum(dim=-1)
+        target = uniform(info.seeds, info.steps).to(cdf.dtype)[:, None] * cdf[:, -1:]
+        sampled = torch.searchsorted(cdf, target).squeeze(1).clamp_(max=logits.shape[-1] - 1)
         return torch.where(info.temperatures > 0, sampled, greedy)
 
 

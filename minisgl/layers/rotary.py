@@ -5,6 +5,7 @@ import math
 import torch
 from torch import nn
 
+from minisgl.kernels import fused_ops
 from minisgl.models.config import RopeScaling
 
 
@@ -41,6 +42,13 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """``q``: ``[tokens, heads, head_dim]``, ``k``: ``[tokens, kv_heads, head_dim]``."""
+        fi = fused_ops(q)
+        if fi is not None:  # rotates q and k in place, reading the same float32 table
+            q, k = q.contiguous(), k.contiguous()
+            fi.apply_rope_with_cos_sin_cache_inplace(
+                positions, q.view(len(q), -1), k.view(len(k), -1), q.shape[-1], self.cos_sin, is_neox=True
+            )
+            return q, k
         cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

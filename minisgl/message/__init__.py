@@ -5,8 +5,8 @@ bytes and back (nested dataclasses included, tagged with their class name). One 
 pipe per hop, so messages on a hop arrive in the order they were sent::
 
     API server --TokenizeMsg, AbortMsg, StatsReqMsg--> tokenizer
-    tokenizer  --GenerateMsg, AbortMsg, StatsReqMsg--> scheduler (rank 0)
-    tokenizer  --ErrorMsg, ReadyMsg------------------> API server   (bad input caught early)
+    tokenizer  --ReadyMsg, GenerateMsg, AbortMsg, StatsReqMsg--> scheduler (rank 0)
+    tokenizer  --ErrorMsg----------------------------> API server   (bad input caught early)
     scheduler  --BatchTokenMsg, ErrorMsg, StatsMsg, ReadyMsg--> detokenizer
     detokenizer --BatchReplyMsg (+ the others, forwarded as they are)--> API server
 
@@ -134,7 +134,8 @@ class StatsMsg:
 @_register
 @dataclass
 class ReadyMsg:
-    """A worker is up. The scheduler's carries what the API server must know about the model."""
+    """A worker is up. The scheduler's carries what the API server must know about the model; the
+    tokenizer's carries its EOS ids to the scheduler, which forwards it."""
 
     who: str
     info: dict[str, Any] = field(default_factory=dict)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import torch
+
 from minisgl.core import Req
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.table import ReqTable
@@ -81,6 +83,7 @@ class PrefillManager:
         req.table_idx = self.table.alloc_row()
         req.cache_handle, req.hit_len, req.cached_len = match.handle, match.length, match.length
         if match.length:
-            self.table.set_slots(req.table_idx, 0, match.indices)
+            rows = torch.full((match.length,), req.table_idx, dtype=torch.int64)
+            self.table.set_slots(rows, torch.arange(match.length), match.indices)
         self.table.set_tokens(req.table_idx, req.input_ids)
         return True

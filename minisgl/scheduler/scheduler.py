@@ -27,7 +27,8 @@ from minisgl.engine.sample import SamplingInfo
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import Extend, PrefillManager
-from minisgl.scheduler.table import ReqTable
+from minisgl.scheduler.table import ReqTable, ragged_index
+from minisgl.utils import nvtx_range
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ class Scheduler:
         self.eos_ids: set[int] = set(e.model_config.eos_token_ids)
         self.stats = CacheStats()
         self._after_chunk = False
+        self._sampled: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.overlap = config.use_overlap  # on for CUDA by default; may be forced on CPU (tests)
+        self._in_flight: tuple[Batch, torch.Tensor, torch.cuda.Event | None] | None = None
         self._seed_rng = random.Random(config.seed)
 
     # ---- requests in and out -------------------------------------------------------------
@@ -124,7 +128,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.reqs)
+        return bool(self.reqs) or self._in_flight is not None
 
     @property
     def num_running(self) -> int:
@@ -136,15 +140,44 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        batch = self.schedule()
-        if batch is None:
-            return []
-        info = self.prepare(batch)
-        tokens = self.launch(batch, info)
-        events = self.process(batch, tokens.cpu())
-        if self.config.debug_checks:
+        """Run one batch; return the tokens that reached the host during this call.
+
+        With overlap scheduling, batch ``i+1`` is scheduled and launched *before* batch ``i``'s
+        tokens are processed, so the host work of one step hides behind the device work of the
+        next. It is correct because nothing batch ``i+1`` needs comes from the host: its inputs are
+        read from the token pool on the device, and memory freed while it runs is reused only by
+        later work on the same stream. A request that finished in batch ``i`` (on EOS) rides along
+        in batch ``i+1`` once; its extra token is dropped."""
+        with nvtx_range("schedule"):
+            batch = self.schedule()
+        launched = None
+        if batch is not None:
+            with nvtx_range("prepare"):
+                info = self.prepare(batch)
+            with nvtx_range("forward"):
+                tokens = self.launch(batch, info)
+                launched = (batch, *self._to_host(tokens))
+        if not self.overlap:
+            self._in_flight, launched = launched, None
+        events: list[TokenEvent] = []
+        if self._in_flight is not None:
+            done, tokens, ready = self._in_flight
+            with nvtx_range("process"):
+                if ready is not None:
+                    ready.synchronize()
+                events = self.process(done, tokens)
+        self._in_flight = launched
+        if self.config.debug_checks and self._in_flight is None:
             self.check_memory()
         return events
+
+    def _to_host(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        if tokens.device.type != "cuda":
+            return tokens, None
+        host = tokens.to("cpu", non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
 
     def schedule(self) -> Batch | None:
         if self.prefill.has_work and not (self._after_chunk and self.decode.schedule()):
@@ -174,24 +207,25 @@ class Scheduler:
         """Allocate KV for the batch's new tokens, build its tensors, and advance the requests'
         counters (as if the pass had already run: the next batch may be planned before it ends)."""
         p, table = self.page_size, self.table
-        for req, end in zip(batch.reqs, batch.ends):
-            short = -(-end // p) * p - req.alloc_len
-            if short > 0:
-                slots = self.cache.alloc_slots(short // p)
-                table.set_slots(req.table_idx, req.alloc_len, slots)
-                req.alloc_len += short
+        i64 = lambda x: torch.tensor(x, dtype=torch.int64)
+        rows, starts, ends = i64([r.table_idx for r in batch.reqs]), i64(batch.starts), i64(batch.ends)
+        # new pages: positions [alloc_len, end rounded up to a page), for all requests at once
+        have = i64([r.alloc_len for r in batch.reqs])
+        want = torch.maximum((ends + p - 1) // p * p, have)
+        n_new = int((want - have).sum())
+        if n_new:
+            new_rows, new_cols = ragged_index(rows, have, want)
+            table.set_slots(new_rows, new_cols, self.cache.alloc_slots(n_new // p))
+            for req, w in zip(batch.reqs, want.tolist()):
+                req.alloc_len = w
         table.sync()
-        rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
-        starts = torch.tensor(batch.starts, dtype=torch.int64)
-        lens = torch.tensor(batch.ends, dtype=torch.int64) - starts
-        tok_rows = torch.repeat_interleave(rows, lens)
-        first = torch.cumsum(lens, 0) - lens
-        tok_pos = torch.arange(int(lens.sum())) - torch.repeat_interleave(first - starts, lens)
-        dev = lambda t: t.to(self.device, non_blocking=True)
+        tok_rows, tok_pos = ragged_index(rows, starts, ends)
+        lens = ends - starts
+        dev = lambda t: t.to(self.device, non_blocking=True)  # from pageable memory: staged, never waits
         batch.out_loc = dev(table.page_table_cpu[tok_rows, tok_pos].to(torch.int64))
         batch.positions = dev(tok_pos)
         batch.input_ids = table.token_pool[dev(tok_rows), batch.positions]
-        batch.logit_idx = dev(first + lens - 1)
+        batch.logit_idx = dev(torch.cumsum(lens, 0) - 1)
         batch.table_idx = dev(rows)
         info = SamplingInfo.from_batch(batch, self.engine.model_config.vocab_size, self.device)
         batch.sample_mask = []
@@ -205,22 +239,27 @@ class Scheduler:
                     self.decode.add(req)
         if batch.is_prefill:
             self.stats.prefill_tokens += int(lens.sum())
+        keep = [i for i, k in enumerate(batch.sample_mask) if k]
+        self._sampled = (dev(i64(keep)), dev(ends[keep])) if len(keep) < batch.size else None
         return info
 
     def launch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:
-        """Run the forward pass; write the kept samples into the token pool (on the device)."""
+        """Run the forward pass; write the kept samples into the token pool (on the device), where
+        the next decode batch reads its inputs."""
         tokens = self.engine.forward_batch(batch, info)
-        mask = torch.tensor(batch.sample_mask, device=self.device)
-        rows, pos = batch.table_idx, torch.tensor(batch.ends, device=self.device)
-        self.table.token_pool[rows[mask], pos[mask]] = tokens[mask].to(torch.int32)
+        if self._sampled is None:  # every row keeps its sample (index tensors, not a mask: no sync)
+            rows, pos, kept = batch.table_idx, batch.positions[batch.logit_idx] + 1, tokens
+        else:
+            idx, pos = self._sampled
+            rows, kept = batch.table_idx[idx], tokens[idx]
+        self.table.token_pool[rows, pos] = kept.to(torch.int32)
         return tokens
 
     def process(self, batch: Batch, tokens: torch.Tensor) -> list[TokenEvent]:
         events = []
-        for i, req in enumerate(batch.reqs):
-            if not batch.sample_mask[i] or req.finish_reason is not None:
+        for req, keep, tok in zip(batch.reqs, batch.sample_mask, tokens.tolist()):
+            if not keep or req.finish_reason is not None:
                 continue
-            tok = int(tokens[i])
             req.output_ids.append(tok)
             reason = None
             if tok in req.sampling.stop_token_ids or (not req.sampling.ignore_eos and tok in self.eos_ids):

@@ -10,6 +10,7 @@ The last row is reserved for the dummy requests that pad a CUDA-graph batch.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -22,7 +23,7 @@ class ReqTable:
         self.max_rows = page_table.shape[0] - 1
         self.dummy_row = self.max_rows
         self._free_rows = list(range(self.max_rows - 1, -1, -1))
-        self._dirty: list[tuple[int, int, int]] = []  # (row, start, end) of page_table_cpu to push
+        self._dirty: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows, cols) of page_table_cpu to push
 
     @property
     def num_free_rows(self) -> int:
@@ -34,9 +35,10 @@ class ReqTable:
     def free_row(self, row: int) -> None:
         self._free_rows.append(row)
 
-    def set_slots(self, row: int, start: int, slots: torch.Tensor) -> None:
-        self.page_table_cpu[row, start : start + len(slots)] = slots.to(torch.int32)
-        self._dirty.append((row, start, start + len(slots)))
+    def set_slots(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """``page_table[rows[i], cols[i]] = slots[i]`` (pushed to the device by ``sync``)."""
+        self.page_table_cpu[rows, cols] = slots.to(torch.int32)
+        self._dirty.append((rows, cols))
 
     def slots(self, row: int, start: int, end: int) -> torch.Tensor:
         return self.page_table_cpu[row, start:end].to(torch.int64)
@@ -50,8 +52,23 @@ class ReqTable:
         if not self._dirty:
             return
         if self.device.type != "cpu":
-            rows = torch.cat([torch.full((e - s,), r, dtype=torch.int64) for r, s, e in self._dirty])
-            cols = torch.cat([torch.arange(s, e) for _, s, e in self._dirty])
+            rows = torch.cat([r for r, _ in self._dirty])
+            cols = torch.cat([c for _, c in self._dirty])
             vals = self.page_table_cpu[rows, cols]
-            self.page_table[rows.to(self.device), cols.to(self.device)] = vals.to(self.device)
+            dev = lambda t: t.to(self.device, non_blocking=True)  # pageable: staged, no device sync
+            self.page_table[dev(rows), dev(cols)] = dev(vals)
         self._dirty.clear()
+
+
+def ragged_index(rows: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every ``(rows[i], p)`` for ``p`` in ``[starts[i], ends[i])``, flattened in order (int64).
+
+    numpy, not torch: these arrays have a few hundred entries and torch's CPU ops on them cost
+    more in dispatch (and thread-pool wake-ups) than the work itself, on every step."""
+    r, s, e = rows.numpy(), starts.numpy(), ends.numpy()
+    lens = e - s
+    if (lens == 1).all():  # a decode batch
+        return rows, starts
+    flat_rows = np.repeat(r, lens)
+    flat_pos = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens - s, lens)
+    return torch.from_numpy(flat_rows), torch.from_numpy(flat_pos)

@@ -53,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=1919, help="HTTP port (default 1919; 0 = any free port)")
-    ap.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1, help="tensor-parallel ranks")
+    ap.add_argument(
+        "--tp-size",
+        "--tp",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks, one scheduler process each (default 1)",
+    )
     ap.add_argument(
         "--dtype",
         default="auto",
@@ -97,9 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dummy-weight", action="store_true", help="random weights (benchmarks without a checkpoint)")
     ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer API_KEY` on every request")
     ap.add_argument("--shell", action="store_true", help="chat in the terminal instead of serving HTTP")
-    ap.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="(default info)"
-    )
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="(default info)")
     return ap
 
 

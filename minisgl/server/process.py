@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import multiprocessing as mp
 import os
 import signal
 import sys
@@ -24,7 +25,9 @@ _PR_SET_PDEATHSIG = 1
 class Addresses:
     """The ZMQ endpoints, one PULL socket per process (bound by the process that reads it).
 
-    ``ipc://`` sockets in a private temporary folder: no TCP ports to leak or collide."""
+    ``ipc://`` (Unix domain) sockets: no TCP ports to leak or collide. On Linux they live in the
+    abstract namespace (``ipc://@name``), which leaves no file behind even when a process is
+    killed; elsewhere in a private temporary folder that the launcher removes."""
 
     tokenizer: str
     scheduler: str
@@ -32,8 +35,8 @@ class Addresses:
     frontend: str
 
     @classmethod
-    def in_dir(cls, folder: str) -> Addresses:
-        return cls(*(f"ipc://{folder}/{name}" for name in ("tokenizer", "scheduler", "detokenizer", "frontend")))
+    def under(cls, prefix: str) -> Addresses:
+        return cls(*(f"ipc://{prefix}/{name}" for name in ("tokenizer", "scheduler", "detokenizer", "frontend")))
 
 
 def setup_logging(level: str, name: str) -> None:
@@ -54,14 +57,15 @@ def setup_child(name: str, log_level: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parent = os.getppid()
+    launcher = mp.parent_process()
+    parent = launcher.pid if launcher is not None else os.getppid()
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except OSError:
             pass
-    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
+    if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
 

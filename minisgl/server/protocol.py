@@ -62,7 +62,7 @@ class _Request(BaseModel):
     temperature: StrictFloat | None = Field(None, ge=0, le=2)
     top_p: StrictFloat | None = Field(None, gt=0, le=1)
     top_k: StrictInt | None = None  # extension (<= 0: off)
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)  # a list once validated
     stop_token_ids: list[StrictInt] | None = None  # extension
     seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)
     n: StrictInt = Field(1, ge=1, le=MAX_N)
@@ -159,7 +159,7 @@ class NativeSampling(BaseModel):
     top_k: StrictInt = -1
     top_p: StrictFloat = Field(1.0, gt=0, le=1)
     max_new_tokens: StrictInt = Field(SamplingParams.max_tokens, ge=1)
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)  # a list once validated
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
     seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)

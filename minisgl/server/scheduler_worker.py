@@ -38,12 +38,10 @@ IDLE_POLL_MS = 500  # an idle rank 0 still wakes up this often (TP ranks wait on
 class SchedulerWorker:
     def __init__(self, config: EngineConfig, addrs: Addresses):
         from minisgl.scheduler import Scheduler
-        from minisgl.tokenizer import eos_token_ids, load_tokenizer
 
         self.config = config
         self.rank, self.tp_size = config.tp_rank, config.tp_size
         self.sched = Scheduler(config)
-        self.sched.eos_ids |= eos_token_ids(load_tokenizer(self.sched.engine.model_path))
         self.reqs: dict[int, Any] = {}  # uid -> Req, while the request lives (for its prompt counts)
         self.finished = self.aborted = self.rejected = 0
         self.inbox = self.outbox = None
@@ -151,6 +149,9 @@ class SchedulerWorker:
                 out.append(TokenMsg(msg.uid, -1, "abort"))
         elif isinstance(msg, StatsReqMsg):
             self._send(StatsMsg(msg.uid, self.stats()))
+        elif isinstance(msg, ReadyMsg):  # the tokenizer's, on its way to the API server
+            self.sched.eos_ids |= set(msg.info.get("eos_ids", ()))  # as LLM does with its tokenizer
+            self._send(msg)
         else:
             logger.warning("ignoring unexpected message %s", type(msg).__name__)
 
@@ -163,7 +164,9 @@ class SchedulerWorker:
                 self._apply(msg, out)
             if self.sched.has_work:
                 for ev in self.sched.step():
-                    req = self.reqs[ev.uid]
+                    req = self.reqs.get(ev.uid)
+                    if req is None:  # aborted meanwhile (the scheduler drops those; belt and braces)
+                        continue
                     out.append(TokenMsg(ev.uid, ev.token_id, ev.finish_reason, req.prompt_len, req.hit_len))
                     if ev.finish_reason is not None:
                         self.finished += 1

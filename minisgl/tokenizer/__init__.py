@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
 
 def load_tokenizer(path: Path | None) -> Any:
-    """The HF tokenizer of a model folder, or None (dummy-weight architectures have none)."""
-    if path is None:
+    """The HF tokenizer of a model folder, or None when it has none (dummy-weight architectures,
+    bare checkpoints): such a model takes token ids only."""
+    if path is None or not any((Path(path) / f).exists() for f in _TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 

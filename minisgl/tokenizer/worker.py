@@ -2,7 +2,9 @@
 
 Input it cannot turn into a valid prompt (no chat template, ids outside the vocabulary) is
 refused here with an ``ErrorMsg`` straight to the API server; everything else it does not
-handle (aborts, stats requests) is forwarded to the scheduler unchanged, in order.
+handle (aborts, stats requests) is forwarded to the scheduler unchanged, in order. Its
+``ReadyMsg`` carries the tokenizer's EOS ids to the scheduler (which then need not load the
+tokenizer itself: that costs seconds at start-up).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_l
     import zmq
 
     from minisgl.engine.engine import resolve_model
-    from minisgl.tokenizer import load_tokenizer
+    from minisgl.tokenizer import eos_token_ids, load_tokenizer
 
     path, cfg = resolve_model(model, dummy_weight)
     tokenizer = load_tokenizer(path)
@@ -49,7 +51,9 @@ def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_l
     to_scheduler.connect(addrs.scheduler)
     to_frontend = ctx.socket(zmq.PUSH)
     to_frontend.connect(addrs.frontend)
-    to_frontend.send(encode(ReadyMsg("tokenizer")))
+    # to the scheduler, which takes the tokenizer's EOS ids from it and passes it on: the message
+    # reaches the API server through every stage, and before any request (same pipes, in order)
+    to_scheduler.send(encode(ReadyMsg("tokenizer", {"eos_ids": sorted(eos_token_ids(tokenizer))})))
     logger.info("tokenizer ready")
     while True:
         msg = decode(inbox.recv())

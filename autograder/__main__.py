@@ -1,0 +1,148 @@
+"""``python -m autograder [LAB ...] [--impl labs|solutions|PATH] [--json PATH]``
+
+Grades each lab by running its pytest file (``autograder/test_labNN_*.py``) in a subprocess with
+the autograder plugin (every test forked, under a time limit), then prints a table per lab.
+
+Exit code: 0 every test passed, 1 some test failed, 2 the grader could not run (unknown lab,
+missing folder, broken test files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from autograder import impl, report
+
+HERE = Path(__file__).resolve().parent
+_TEST = re.compile(r"^test_(lab(\d\d)_[a-z0-9_]+)\.py$")
+
+
+class GraderError(Exception):
+    """The grader itself cannot run (exit code 2)."""
+
+
+def known_labs() -> dict[str, str]:
+    """``{"lab06": "lab06_radix_cache", ...}`` for every lab that has tests."""
+    out = {}
+    for p in sorted(HERE.glob("test_lab*.py")):
+        m = _TEST.match(p.name)
+        if m:
+            out[f"lab{m.group(2)}"] = m.group(1)
+    return out
+
+
+def pick_labs(names: list[str], folder: Path) -> list[str]:
+    """Lab stems to grade: the named ones (``lab06``, ``06``, ``6``, ``lab06_radix_cache``), or
+    every lab with tests whose file is in ``folder``."""
+    labs = known_labs()
+    if not names:
+        found = [stem for stem in labs.values() if (folder / f"{stem}.py").exists()]
+        if not found:
+            raise GraderError(f"no lab files in {folder} (expected e.g. {', '.join(f'{s}.py' for s in labs.values())})")
+        return found
+    out = []
+    for name in names:
+        key = name.removesuffix(".py")
+        m = re.fullmatch(r"(?:lab)?(\d{1,2})(?:_[a-z0-9_]+)?", key)
+        stem = labs.get(f"lab{int(m.group(1)):02d}") if m else None
+        if stem is None or (key.startswith("lab") and "_" in key and key != stem):
+            raise GraderError(f"unknown lab {name!r}; labs with tests: {', '.join(labs)}")
+        out.append(stem)
+    return list(dict.fromkeys(out))
+
+
+def grade_lab(stem: str, folder: Path, timeout: float | None, verbose: bool, select: str | None = None) -> dict:
+    """Run one lab's tests in a pytest subprocess; return its results file as a dict."""
+    with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
+        results = Path(tmp) / "results.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(HERE / f"test_{stem}.py"),
+            "-s",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(HERE.parent),
+            "--impl",
+            str(folder),
+            "--ag-results",
+            str(results),
+        ]
+        if hasattr(os, "fork"):  # elsewhere (Windows) tests run in-process under pytest-timeout
+            cmd += ["--ag-isolate"]
+        if timeout:
+            cmd += ["--ag-timeout", str(timeout)]
+        if select:
+            cmd += ["-k", select]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", impl.ENV: str(folder)}
+        proc = subprocess.run(
+            cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace"
+        )
+        if verbose:
+            print(proc.stdout[-20000:], proc.stderr[-5000:], sep="\n")
+        if not results.exists():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().split("\n")[-25:])
+            raise GraderError(f"pytest could not run the tests of {stem} (exit code {proc.returncode}):\n{tail}")
+        data = json.loads(results.read_text())
+        if data["errors"]:
+            raise GraderError(f"the tests of {stem} could not be collected:\n" + "\n".join(data["errors"]))
+        if not data["tests"] and not select:
+            raise GraderError(f"no tests were collected for {stem}")
+        return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autograder", description="Grade the course labs.")
+    ap.add_argument("labs", nargs="*", help="labs to grade (lab01, 06, lab06_radix_cache); default: all found")
+    ap.add_argument("--impl", default="labs", help="folder of lab files: labs (default), solutions, or a path")
+    ap.add_argument("--json", metavar="PATH", help="also write Gradescope's results.json here")
+    ap.add_argument("--timeout", type=float, help="cap every test's time limit (seconds)")
+    ap.add_argument(
+        "-k", dest="select", metavar="EXPR", help="only tests matching EXPR (pytest -k); scores count those"
+    )
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="labs graded in parallel (default 1)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    try:
+        folder = impl.resolve_folder(args.impl)
+        if not folder.is_dir():
+            raise GraderError(f"{args.impl!r} is not a folder (looked for {folder})")
+        stems = pick_labs(args.labs, folder)
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            runs = list(pool.map(lambda s: grade_lab(s, folder, args.timeout, args.verbose, args.select), stems))
+    except GraderError as e:
+        print(f"autograder: {e}", file=sys.stderr)
+        return 2
+    tests = [t for run in runs for t in run["tests"]]
+    if not tests:
+        print(f"autograder: no test matches -k {args.select!r}", file=sys.stderr)
+        return 2
+    shown = os.path.relpath(folder) if not os.path.relpath(folder).startswith("..") else str(folder)
+    tables = [report.format_lab_table(stem, ts, shown) for stem, ts in report.group_by_lab(tests).items()]
+    score, total = report.lab_score(tests)
+    summary = f"total: {score:g} / {total:g}"
+    print("\n\n".join(tables + [summary]))
+    if all(t["message"].startswith("not implemented yet") for t in tests):
+        print("(every lab starts red: fill in the NotImplementedError parts of the lab file, then grade again)")
+    if args.json:
+        out = report.gradescope(tests, time.monotonic() - start, "\n\n".join(tables + [summary]))
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0 if all(t["outcome"] == "passed" for t in tests) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Where the graded lab files live and how a lab module is loaded from there.
+
+The folder comes from ``$MINISGL_LAB_IMPL`` (set by the pytest plugin from ``--impl``); default
+``labs/``. A lab module is imported from its file path under a private name, so a student's
+``labs/`` and the instructor's ``solutions/`` never shadow each other.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = "MINISGL_LAB_IMPL"
+_loaded: dict[Path, ModuleType] = {}
+
+
+def resolve_folder(name: str | os.PathLike | None) -> Path:
+    """``labs``, ``solutions`` or any path; relative names are tried from the current directory,
+    then from the repository root."""
+    path = Path(name or "labs").expanduser()
+    if not path.is_absolute() and not path.exists() and (REPO / path).exists():
+        path = REPO / path
+    return path.resolve()
+
+
+def impl_folder() -> Path:
+    return resolve_folder(os.environ.get(ENV))
+
+
+def lab_file(stem: str) -> Path:
+    return impl_folder() / f"{stem}.py"
+
+
+def load(stem: str) -> ModuleType:
+    """Import ``<impl folder>/<stem>.py`` (once per process)."""
+    path = lab_file(stem)
+    if path in _loaded:
+        return _loaded[path]
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: the graded folder must contain {stem}.py")
+    name = f"_graded_{abs(hash(str(path.parent)))}_{stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    _loaded[path] = module
+    return module
+
+
+def require(stem: str, attr: str):
+    """``load(stem).attr``, with a message naming the file when the student renamed or removed it."""
+    module = load(stem)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(
+            f"{lab_file(stem).name} has no {attr!r}: keep the names and signatures of the lab file "
+            "(the grader calls them)"
+        ) from None

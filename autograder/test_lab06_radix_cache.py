@@ -1,0 +1,413 @@
+"""Lab 06 (radix prefix cache): fixed cases, random operation sequences against the engine's
+``RadixPrefixCache``, then the engine running on your cache. Run: ``python -m autograder lab06``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from autograder.adapters import lab06 as lab
+from autograder.checks import first_token_difference
+from autograder.plugin import engine, points
+from autograder.swapin import generate_rounds, registered_cache
+from minisgl.kvcache.radix import RadixPrefixCache
+from minisgl.models.config import ModelConfig
+
+
+def slots(start: int, n: int) -> torch.Tensor:
+    return torch.arange(start, start + n, dtype=torch.int64)
+
+
+def as_list(t) -> list[int]:
+    return t.tolist() if isinstance(t, torch.Tensor) else list(t)
+
+
+def expect_match(cache, tokens: list[int], length: int, indices: list[int], why: str = "") -> None:
+    m = cache.match_prefix(tokens)
+    why = f" ({why})" if why else ""
+    assert m.length == length, f"match_prefix({tokens}) returned length {m.length}, expected {length}{why}"
+    assert isinstance(m.indices, torch.Tensor) and m.indices.dtype == torch.int64, (
+        f"match_prefix({tokens}).indices must be an int64 tensor, got {type(m.indices).__name__} "
+        f"{getattr(m.indices, 'dtype', '')}"
+    )
+    assert as_list(m.indices) == indices, (
+        f"match_prefix({tokens}) returned slots {as_list(m.indices)}, expected {indices}{why}: the slots of a "
+        "match are the values of the nodes on the path, in order"
+    )
+
+
+def expect_sizes(cache, evictable: int, protected: int, after: str) -> None:
+    got = (cache.evictable_size, cache.protected_size)
+    assert got == (evictable, protected), (
+        f"after {after}: (evictable_size, protected_size) = {got}, expected {(evictable, protected)}; "
+        "insert adds new slots to evictable, lock moves a node's slots to protected when its ref goes 0 -> 1, "
+        "unlock moves them back at 1 -> 0, evict subtracts what it frees"
+    )
+
+
+# ---- fixed cases ------------------------------------------------------------------------------------
+@points(4)
+def test_empty_cache():
+    """An empty cache matches nothing, holds nothing, and evict(0) is safe."""
+    cache = lab.make_cache(1)
+    expect_match(cache, [1, 2, 3], 0, [], "the cache is empty")
+    expect_sizes(cache, 0, 0, "creating the cache")
+    assert len(cache.evict(0)) == 0, "evict(0) must free nothing"
+    cache.check_integrity()
+
+
+@points(10)
+def test_insert_then_match():
+    """After one insert, match_prefix finds every prefix of it, and stops where a query diverges."""
+    cache = lab.make_cache(1)
+    assert cache.insert([1, 2, 3, 4, 5, 6], slots(10, 6)) == 0, "insert into an empty cache must return 0"
+    expect_sizes(cache, 6, 0, "insert([1..6])")
+    expect_match(cache, [1, 2, 3, 4, 5, 6], 6, [10, 11, 12, 13, 14, 15], "the whole sequence is cached")
+    expect_match(cache, [1, 2, 3], 3, [10, 11, 12], "a prefix of a cached sequence is cached too")
+    expect_match(cache, [1, 2, 3, 4, 5, 6, 7, 8], 6, [10, 11, 12, 13, 14, 15], "only the first 6 tokens are cached")
+    expect_match(cache, [1, 2, 9], 2, [10, 11], "the query diverges after 2 tokens")
+    expect_match(cache, [9, 1, 2], 0, [], "no cached sequence starts with 9")
+    cache.check_integrity()
+
+
+@points(7)
+def test_insert_returns_cached_prefix():
+    """insert returns how much was already cached and keeps only the new tokens' slots."""
+    cache = lab.make_cache(1)
+    cache.insert([1, 2, 3, 4, 5, 6], slots(0, 6))
+    got = cache.insert([1, 2, 3, 7, 8], slots(20, 5))
+    assert got == 3, f"insert([1, 2, 3, 7, 8]) after insert([1..6]) returned {got}, expected 3 (tokens already cached)"
+    expect_sizes(cache, 8, 0, "inserting [1..6] then [1, 2, 3, 7, 8]")
+    expect_match(
+        cache,
+        [1, 2, 3, 7, 8],
+        5,
+        [0, 1, 2, 23, 24],
+        "the shared prefix keeps the first slots; 20..22 stay the caller's",
+    )
+    expect_match(cache, [1, 2, 3, 4], 4, [0, 1, 2, 3], "the first sequence is still there")
+    got = cache.insert([1, 2, 3, 4, 5, 6], slots(40, 6))
+    assert got == 6, f"inserting an already cached sequence returned {got}, expected 6 (all of it)"
+    expect_sizes(cache, 8, 0, "inserting an already cached sequence again")
+    cache.check_integrity()
+
+
+@points(10)
+def test_match_splits_node():
+    """A match that ends inside a node splits it, so locking protects only the matched tokens."""
+    cache = lab.make_cache(1)
+    cache.insert(list(range(1, 9)), slots(0, 8))
+    m = cache.match_prefix([1, 2, 3, 4, 99])
+    assert m.length == 4, f"match_prefix([1, 2, 3, 4, 99]) returned length {m.length}, expected 4"
+    cache.lock(m.handle)
+    expect_sizes(cache, 4, 4, "inserting 8 tokens, matching the first 4 and locking that match (split the node!)")
+    cache.check_integrity()
+    freed = sorted(as_list(cache.evict(4)))
+    assert freed == [4, 5, 6, 7], f"evict(4) freed slots {freed}; expected the unlocked half of the split node [4..7]"
+    expect_match(cache, list(range(1, 9)), 4, [0, 1, 2, 3], "only the locked first half is left")
+    cache.unlock(m.handle)
+    expect_sizes(cache, 4, 0, "unlocking")
+    cache.check_integrity()
+
+
+@points(8)
+def test_page_alignment():
+    """With page_size 4 only whole pages are cached, matched, and used to index children."""
+    cache = lab.make_cache(4)
+    got = cache.insert(list(range(1, 11)), slots(100, 10))
+    assert got == 0, f"insert into an empty cache returned {got}, expected 0"
+    expect_sizes(cache, 8, 0, "inserting 10 tokens with page_size 4 (2 whole pages; the last 2 tokens are not kept)")
+    expect_match(cache, list(range(1, 11)), 8, list(range(100, 108)), "2 whole pages")
+    expect_match(cache, list(range(1, 8)), 4, [100, 101, 102, 103], "7 query tokens = 1 whole page")
+    expect_match(cache, [1, 2, 3, 4, 5, 6, 0, 0], 4, [100, 101, 102, 103], "the second page differs at its 3rd token")
+    # a sibling that shares its first *token* (but not its first page) with the cached sequence
+    got = cache.insert([1, 2, 9, 9, 9, 9, 9, 9], slots(200, 8))
+    assert got == 0, (
+        f"insert([1, 2, 9, 9, ...]) returned {got}, expected 0: its first page [1, 2, 9, 9] is not cached "
+        "(children are indexed by their first page, not their first token)"
+    )
+    expect_match(cache, [1, 2, 9, 9, 9, 9, 9, 9], 8, list(range(200, 208)), "the sibling is cached on its own")
+    expect_match(cache, list(range(1, 9)), 8, list(range(100, 108)), "the first sequence is untouched")
+    expect_sizes(cache, 16, 0, "inserting both sequences")
+    cache.check_integrity()
+
+
+@points(8)
+def test_lock_unlock_refcounts():
+    """Locks are reference counted, pin every ancestor, and unlocking too often raises."""
+    cache = lab.make_cache(1)
+    cache.insert([1, 2, 3, 4], slots(0, 4))
+    cache.insert([1, 2, 3, 4, 5, 6], slots(10, 6))
+    long, short = cache.match_prefix([1, 2, 3, 4, 5, 6]), cache.match_prefix([1, 2, 3, 4])
+    cache.lock(long.handle)
+    expect_sizes(cache, 0, 6, "locking [1..6] (a lock pins the matched node and every ancestor)")
+    cache.lock(short.handle)
+    expect_sizes(cache, 0, 6, "locking [1..4] as well (already protected)")
+    cache.unlock(long.handle)
+    expect_sizes(cache, 2, 4, "unlocking [1..6] while [1..4] is still locked")
+    cache.lock(short.handle)
+    cache.unlock(short.handle)
+    expect_sizes(cache, 2, 4, "locking and unlocking [1..4] once more (one lock is still held)")
+    cache.unlock(short.handle)
+    expect_sizes(cache, 6, 0, "the last unlock")
+    cache.check_integrity()
+    with pytest.raises(RuntimeError):
+        cache.unlock(short.handle)
+        pytest.fail("unlock() of a prefix that is not locked must raise RuntimeError")
+
+
+@points(10)
+def test_evict_lru_order():
+    """evict frees the least recently used leaf first; a match makes a sequence recent again."""
+    cache = lab.make_cache(1)
+    cache.insert([1, 1, 1], slots(0, 3))
+    cache.insert([2, 2, 2], slots(10, 3))
+    cache.insert([3, 3, 3], slots(20, 3))
+    cache.match_prefix([1, 1, 1])  # [1 1 1] is now the most recently used
+    order = [sorted(as_list(cache.evict(3))) for _ in range(3)]
+    assert order == [[10, 11, 12], [20, 21, 22], [0, 1, 2]], (
+        f"three evict(3) calls freed {order}; expected [2 2 2]'s slots, then [3 3 3]'s, then [1 1 1]'s: "
+        "evict the oldest last_access first, and remember that match_prefix refreshes it"
+    )
+    expect_sizes(cache, 0, 0, "evicting everything")
+    expect_match(cache, [1, 1, 1], 0, [], "everything was evicted")
+    cache.check_integrity()
+
+
+@points(10)
+def test_evict_respects_locks():
+    """evict never frees locked slots and refuses to free more than is evictable."""
+    cache = lab.make_cache(1)
+    cache.insert([1, 2, 3], slots(0, 3))
+    cache.insert([4, 5, 6], slots(10, 3))
+    m = cache.match_prefix([1, 2, 3])
+    cache.lock(m.handle)
+    cache.match_prefix([4, 5, 6])  # the unlocked one is now the most recent: LRU alone would pick [1 2 3]
+    freed = sorted(as_list(cache.evict(1)))
+    assert freed == [10, 11, 12], f"evict(1) freed {freed}; the only unlocked entry is [4 5 6] (slots 10..12)"
+    expect_sizes(cache, 0, 3, "evicting the only unlocked entry")
+    with pytest.raises(ValueError):
+        cache.evict(1)
+        pytest.fail("evict(1) with nothing evictable must raise ValueError (the caller asked for the impossible)")
+    expect_match(cache, [1, 2, 3], 3, [0, 1, 2], "a locked entry must survive eviction")
+    cache.unlock(m.handle)
+    cache.check_integrity()
+
+
+@points(5)
+def test_evict_frees_parents():
+    """Once its children are gone, an unlocked parent is evicted too (whole subtrees empty out)."""
+    cache = lab.make_cache(1)
+    cache.insert([1, 2, 3, 4], slots(0, 4))
+    cache.insert([1, 2, 3, 4, 5, 6], slots(10, 6))  # parent [1..4], child [5 6]
+    freed = sorted(as_list(cache.evict(6)))
+    assert freed == [0, 1, 2, 3, 14, 15], (
+        f"evict(6) freed {freed}; expected the leaf [5 6] (slots 14, 15) and then its parent [1..4] (slots 0..3)"
+    )
+    expect_sizes(cache, 0, 0, "evicting everything")
+    cache.check_integrity()
+
+
+# ---- random operation sequences against the engine's cache ------------------------------------------
+# token lists that share prefixes in every way a tree can: extensions, branches inside a node
+# (splits), branches inside a page, and unrelated roots
+SEQUENCES = [
+    [1, 2, 3, 4],
+    [1, 2, 3, 4, 5, 6, 7, 8],
+    [1, 2, 3, 4, 5, 6, 9, 9],
+    [1, 2, 7, 7, 7, 7],
+    [1, 2],
+    [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4],
+    [5, 5, 5, 5, 5],
+    [5, 5, 6, 6],
+    [6],
+    [7, 8, 9, 10, 11, 12, 13, 14],
+    [],
+]
+
+
+def random_ops(rng: random.Random) -> list[tuple]:
+    """A uniformly random operation sequence (uniform finds the bugs below far more often than
+    hypothesis' small-first lists; failing sequences are then shrunk by ``shrink``)."""
+    ops = []
+    for _ in range(rng.randint(4, 40)):
+        kind = rng.choice(["insert", "insert", "match", "match+lock", "unlock", "evict"])
+        if kind in ("insert", "match", "match+lock"):
+            ops.append((kind, rng.choice(SEQUENCES)))
+        else:
+            ops.append((kind, rng.randint(0, 50) if kind == "unlock" else rng.randint(1, 8)))
+    return ops
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def _run_ops(page_size: int, ops: list) -> None:
+    mine, ref = lab.make_cache(page_size), RadixPrefixCache(page_size)
+    locked: list[tuple] = []
+    log: list[str] = []
+    next_slot = 0
+
+    def fail(msg: str):
+        shown = log[-12:]
+        more = [f"  ... {len(log) - 12} earlier operations"] if len(log) > 12 else []
+        raise Mismatch(f"{msg}\noperations (page_size={page_size}), oldest first:\n" + "\n".join(more + shown))
+
+    def _apply(op, arg):
+        nonlocal next_slot
+        if op == "insert":
+            idx = slots(next_slot, len(arg))
+            next_slot += len(arg)
+            want = ref.insert(arg, idx.clone())
+            log.append(f"  insert({arg}, slots {next_slot - len(arg)}..) -> {want}")
+            got = mine.insert(arg, idx.clone())
+            if got != want:
+                fail(f"insert returned {got}, expected {want}")
+        elif op in ("match", "match+lock"):
+            want = ref.match_prefix(arg)
+            log.append(f"  match_prefix({arg}) -> length {want.length}" + (", locked" if op == "match+lock" else ""))
+            got = mine.match_prefix(arg)
+            if got.length != want.length or as_list(got.indices) != as_list(want.indices):
+                fail(
+                    f"match_prefix returned length {got.length} slots {as_list(got.indices)}, expected length "
+                    f"{want.length} slots {as_list(want.indices)}"
+                )
+            if op == "match+lock":
+                mine.lock(got.handle)
+                ref.lock(want.handle)
+                locked.append((got.handle, want.handle, arg))
+        elif op == "unlock":
+            if not locked:
+                return
+            got_h, want_h, tokens = locked.pop(arg % len(locked))
+            log.append(f"  unlock(the lock of {tokens})")
+            ref.unlock(want_h)
+            mine.unlock(got_h)
+        else:
+            n = min(arg, ref.evictable_size)
+            want = sorted(as_list(ref.evict(n)))
+            log.append(f"  evict({n}) -> {len(want)} slots")
+            got = sorted(as_list(mine.evict(n)))
+            if got != want:
+                fail(f"evict({n}) freed slots {got}, expected {want} (least recently used unlocked leaves first)")
+        sizes = (mine.evictable_size, mine.protected_size)
+        if sizes != (ref.evictable_size, ref.protected_size):
+            fail(f"(evictable_size, protected_size) = {sizes}, expected {(ref.evictable_size, ref.protected_size)}")
+        try:
+            mine.check_integrity()
+        except AssertionError as e:
+            fail(f"check_integrity() failed: {e}")
+
+    for op, arg in ops:
+        try:
+            _apply(op, arg)
+        except Mismatch:
+            raise
+        except Exception as e:
+            e.add_note(f"while running {op}({arg}); operations (page_size={page_size}), oldest first:")
+            e.add_note("\n".join(log[-12:]))
+            raise
+    for got_h, want_h, _ in locked:
+        mine.unlock(got_h)
+        ref.unlock(want_h)
+    log.append("  unlock every remaining lock, then evict(evictable_size)")
+    got, want = sorted(as_list(mine.evict(mine.evictable_size))), sorted(as_list(ref.evict(ref.evictable_size)))
+    if got != want:
+        fail(f"evicting everything freed {len(got)} slots, expected {len(want)}")
+
+
+def _fails(page_size: int, ops: list) -> bool:
+    try:
+        _run_ops(page_size, ops)
+    except Exception:
+        return True
+    return False
+
+
+def shrink(page_size: int, ops: list) -> list:
+    """Drop operations while the sequence still fails: a short example for the message."""
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(ops)):
+            shorter = ops[:i] + ops[i + 1 :]
+            if _fails(page_size, shorter):
+                ops, changed = shorter, True
+                break
+    return ops
+
+
+@points(12)
+def test_random_operations_match_reference():
+    """Random insert / match / lock / unlock / evict sequences (page sizes 1, 2, 4) give the same
+    results and sizes as the engine's RadixPrefixCache, and check_integrity() holds throughout."""
+    _run_ops(1, [("insert", [1, 2, 3]), ("match+lock", [1, 2]), ("evict", 1), ("unlock", 0)])
+    _random_operations()
+
+
+@settings(max_examples=100, phases=[Phase.explicit, Phase.generate])
+@given(page_size=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**32 - 1))
+def _random_operations(page_size, seed):
+    ops = random_ops(random.Random(seed))
+    try:
+        _run_ops(page_size, ops)
+    except Exception:
+        _run_ops(page_size, shrink(page_size, ops))  # raises again, with a short sequence
+        raise
+
+
+# ---- the engine on your cache -------------------------------------------------------------------------
+def _rounds(model, seed: int = 0) -> list[list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    vocab = ModelConfig.from_path(model).vocab_size
+    ids = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    system, other = ids(26), ids(30)
+    return [
+        [system + ids(6)],  # fills the cache
+        [system + ids(5), system + ids(9)],  # hit the shared system prompt
+        [other + ids(10), other + ids(4), ids(40)],  # a different prefix: forces evictions
+        [system + ids(7)],  # whatever of the system prompt survived
+    ]
+
+
+@points(8, timeout=180)
+@engine
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_engine_shares_prefixes(tiny_llama, page_size):
+    """The engine with cache_type=<your cache> generates the reference tokens, reuses the same
+    number of cached prompt tokens per request, and passes its memory checks after every step."""
+    cls = lab.cache_class()
+    cls(page_size).match_prefix([1, 2, 3])  # a stub fails here, before any engine is built
+    rounds = _rounds(tiny_llama)
+    args = dict(page_size=page_size, num_pages=128 // page_size, debug_checks=True, attention_backend="torch")
+    with registered_cache(cls) as name:
+        try:
+            got, got_cached, stats = generate_rounds(tiny_llama, rounds, cache_type=name, **args)
+        except (NotImplementedError, AssertionError) as e:
+            raise type(e)(f"the engine failed with your cache (page_size={page_size}): {e}") from e
+        except Exception as e:
+            raise AssertionError(
+                f"the engine failed with your cache (page_size={page_size}): {type(e).__name__}: {e}"
+            ) from e
+    want, want_cached, ref_stats = generate_rounds(tiny_llama, rounds, cache_type="radix", **args)
+    assert stats.hit_tokens > 0, (
+        f"the engine never reused a cached prefix with your cache (page_size={page_size}), although the prompts "
+        "share a 26-token system prompt: does insert() keep the tokens and match_prefix() find them?"
+    )
+    for r, (g, w) in enumerate(zip(got_cached, want_cached)):
+        assert g == w, (
+            f"round {r}: the requests reused {g} cached prompt tokens with your cache, the reference cache {w} "
+            f"(page_size={page_size}); fewer: something was evicted too early or never inserted; more: "
+            "something that should have been evicted was kept (LRU order?)"
+        )
+    diff = first_token_difference([t for r in got for t in r], [t for r in want for t in r])
+    assert diff is None, (
+        f"with your cache the engine generated other tokens than the reference (page_size={page_size}): {diff}; "
+        "match_prefix probably returned slots that hold another prefix's KV"
+    )
+    assert stats.hit_tokens == ref_stats.hit_tokens

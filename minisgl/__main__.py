@@ -1,0 +1,22 @@
+"""``python -m minisgl``: serve a model over HTTP (OpenAI-compatible), or chat with it (``--shell``)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from minisgl.server.args import parse_args
+
+    args = parse_args(argv)
+    if args.shell:
+        from minisgl.server.shell import run_shell
+
+        return run_shell(args)
+    from minisgl.server.launch import launch
+
+    return launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

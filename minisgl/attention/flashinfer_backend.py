@@ -1,0 +1,195 @@
+"""FlashInfer backends (CUDA only): paged attention that reads K/V pages in place.
+
+``fi``  : prefill with FlashInfer's FA2 kernels, decode with its tensor-core decode (fast for GQA)
+``fa3`` : the same, with FlashAttention-3 prefill kernels (Hopper)
+
+FlashInfer describes each request's KV as a list of pages (CSR layout)::
+
+    kv_indptr  [B+1]   request i's pages are kv_indices[kv_indptr[i] : kv_indptr[i+1]]
+    kv_indices [sum]   page ids, read from the page table: page_table[row, 0::page_size] // page_size
+    last_len   [B]     valid tokens in each request's last page (1..page_size)
+
+``plan()`` turns that into a kernel schedule once per batch; ``run()`` is then called per layer. The
+index arrays are built on the device from the page table (no host round trip of the pages);
+only the per-request lengths travel from the host, which plan() needs there anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from minisgl.attention.base import AttentionBackend
+from minisgl.core import Batch
+from minisgl.kvcache.pool import KVPool
+
+WORKSPACE_BYTES = 128 << 20
+_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+def _workspace(device: torch.device) -> torch.Tensor:
+    """One float workspace per device, shared by all wrappers: they never run concurrently."""
+    if device not in _WORKSPACES:
+        _WORKSPACES[device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _WORKSPACES[device]
+
+
+@dataclass
+class FlashInferMetadata:
+    wrapper: Any  # the planned prefill or decode wrapper for this batch
+
+
+class FlashInferBackend(AttentionBackend):
+    name = "fi"
+    supports_cuda_graph = True
+    prefill_kernel = "fa2"
+
+    def __init__(self, pool: KVPool, page_table: torch.Tensor, num_heads: int, head_dim: int):
+        super().__init__(pool, page_table, num_heads, head_dim)
+        import flashinfer
+
+        if page_table.device.type != "cuda":
+            raise ValueError(f"the {self.name} attention backend needs a CUDA device; use --attention-backend torch")
+        if pool.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"FlashInfer attention runs in float16/bfloat16, not {pool.dtype}: pass --dtype bfloat16 "
+                "or use --attention-backend torch"
+            )
+        self.fi = flashinfer
+        self.device = page_table.device
+        ws = _workspace(self.device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=self.prefill_kernel)
+        # the tensor-core decode kernel pays off when >= 4 query heads share a KV head (measured on
+        # an H200: Qwen3-0.6B, 2 per KV head, decodes faster on CUDA cores); MINISGL_FI_TENSOR_CORES=0|1 overrides
+        env = os.environ.get("MINISGL_FI_TENSOR_CORES", "")
+        self.tensor_cores = env == "1" if env in ("0", "1") else num_heads // self.num_kv_heads >= 4
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            ws, "NHD", use_tensor_cores=self.tensor_cores, backend="fa2"
+        )
+        self.graph_wrappers: dict[int, Any] = {}
+        self.dummy_row = page_table.shape[0] - 1
+        # plan() copies its schedule from one pinned host buffer; with overlap scheduling the next
+        # plan() may start before that copy ran, so it first waits for the previous one (~never blocks)
+        self._plan_copied: torch.cuda.Event | None = None
+
+    # ---- indices -------------------------------------------------------------------------
+    def _kv_layout(self, rows: torch.Tensor, ends: list[int]):
+        """``(kv_indptr (host), kv_indices (device), last_page_len (host))`` for requests in page-table
+        ``rows`` (device) whose sequences are ``ends`` tokens long."""
+        p = self.pool.page_size
+        seq = np.asarray(ends, dtype=np.int32)
+        npages = (seq + p - 1) // p
+        indptr = np.zeros(len(ends) + 1, dtype=np.int32)
+        np.cumsum(npages, out=indptr[1:])
+        total = int(indptr[-1])
+        indptr, last_len = torch.from_numpy(indptr), torch.from_numpy(seq - (npages - 1) * p)
+        indptr_d = indptr.to(self.device, dtype=torch.int64, non_blocking=True)
+        # CSR expansion without a host loop: entry j belongs to the request whose page range holds it
+        j = torch.arange(total, device=self.device)
+        req = torch.searchsorted(indptr_d[1:], j, right=True)
+        pos = (j - indptr_d[req]) * p
+        indices = torch.div(self.page_table[rows[req], pos], p, rounding_mode="floor")
+        return indptr, indices, last_len
+
+    def _plan(self, wrapper, qo_indptr: torch.Tensor | None, rows: torch.Tensor, ends: list[int]) -> None:
+        if self._plan_copied is not None:
+            self._plan_copied.synchronize()
+        kv_indptr, kv_indices, last_len = self._kv_layout(rows, ends)
+        common = dict(q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype, sm_scale=self.scale)
+        if qo_indptr is None:
+            wrapper.plan(
+                kv_indptr,
+                kv_indices,
+                last_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.pool.page_size,
+                **common,
+            )
+        else:
+            wrapper.plan(
+                qo_indptr,
+                kv_indptr,
+                kv_indices,
+                last_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.pool.page_size,
+                causal=True,
+                **common,
+            )
+        self._plan_copied = torch.cuda.Event()
+        self._plan_copied.record()
+
+    # ---- eager batches -------------------------------------------------------------------
+    def prepare_metadata(self, batch: Batch) -> None:
+        rows = batch.table_idx[: batch.size]
+        if batch.is_decode:
+            self._plan(self.decode_wrapper, None, rows, batch.ends)
+            batch.attn_metadata = FlashInferMetadata(self.decode_wrapper)
+        else:
+            qo_indptr = np.zeros(batch.size + 1, dtype=np.int32)
+            np.cumsum(np.asarray(batch.ends) - np.asarray(batch.starts), out=qo_indptr[1:])
+            qo_indptr = torch.from_numpy(qo_indptr)
+            self._plan(self.prefill_wrapper, qo_indptr, rows, batch.ends)
+            batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper)
+
+    def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
+        self.pool.store(layer_id, batch.out_loc, k, v)
+        kv = (self.pool.k_cache(layer_id), self.pool.v_cache(layer_id))
+        out = batch.attn_metadata.wrapper.run(q, kv)
+        return out.view(-1, self.num_heads * self.head_dim)
+
+    # ---- CUDA graphs (decode) ------------------------------------------------------------
+    def init_cuda_graph(self, max_bs: int) -> None:
+        max_pages = max_bs * (self.page_table.shape[1] // self.pool.page_size)
+        self._g_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
+        self._g_indices = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
+        self._g_last = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+
+    def _graph_wrapper(self, bs: int):
+        if bs not in self.graph_wrappers:
+            self.graph_wrappers[bs] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                _workspace(self.device),
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.tensor_cores,
+                backend="fa2",
+                paged_kv_indptr_buffer=self._g_indptr[: bs + 1],
+                paged_kv_indices_buffer=self._g_indices,
+                paged_kv_last_page_len_buffer=self._g_last[:bs],
+            )
+        return self.graph_wrappers[bs]
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        self.prepare_for_replay(batch)
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        """Plan the graph's wrapper for the real requests padded with dummy ones (the spare
+        page-table row, one token on the scratch page) up to the captured size."""
+        bs, n = batch.padded_size, batch.size
+        rows = batch.table_idx[:n]
+        if bs > n:
+            pad = torch.full((bs - n,), self.dummy_row, dtype=rows.dtype, device=self.device)
+            rows = torch.cat([rows, pad])
+        wrapper = self._graph_wrapper(bs)
+        self._plan(wrapper, None, rows, list(batch.ends[:n]) + [1] * (bs - n))
+        batch.attn_metadata = FlashInferMetadata(wrapper)
+
+
+class FA3Backend(FlashInferBackend):
+    """FlashAttention-3 prefill (Hopper's TMA + warp-specialised kernels) through FlashInfer."""
+
+    name = "fa3"
+    prefill_kernel = "fa3"
+
+    def __init__(self, pool: KVPool, page_table: torch.Tensor, num_heads: int, head_dim: int):
+        if page_table.device.type == "cuda" and torch.cuda.get_device_capability(page_table.device)[0] < 9:
+            raise ValueError("the fa3 backend needs a Hopper GPU (sm90); use --attention-backend fi")
+        super().__init__(pool, page_table, num_heads, head_dim)

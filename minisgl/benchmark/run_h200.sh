@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The GPU benchmark of the README: the Nano-vLLM workload on one H200 with dummy weights, each
+# configuration in its own process, results appended to $RESULTS (JSON list).
+#   bash minisgl/benchmark/run_h200.sh [0.6B|14B|hf|all]
+set -uo pipefail
+RESULTS=${RESULTS:-minisgl/benchmark/results/h200.json}
+what=${1:-all}
+bench() { python -m minisgl.benchmark.offline --workload nano --dummy-weight --quiet --json "$RESULTS" "$@"; }
+for model in Qwen3-0.6B Qwen3-14B; do
+  case "$what" in all|${model#Qwen3-}) ;; *) continue ;; esac
+  bench --model "$model" --tag "default"
+  MINISGL_DISABLE_OVERLAP_SCHEDULING=1 bench --model "$model" --tag "no-overlap"
+  bench --model "$model" --cuda-graph-max-bs 0 --tag "no-cuda-graph"
+done
+if [ "$what" = all ] || [ "$what" = hf ]; then
+  # HF transformers generate on the same requests: the first 64, in static batches of 64
+  python -m minisgl.benchmark.offline --workload nano --engine hf --model Qwen3-0.6B --dummy-weight --hf-max-requests 64 \
+    --hf-batch-size 64 --quiet --json "$RESULTS" --tag "hf-subset-64"
+fi

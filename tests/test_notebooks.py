@@ -1,0 +1,90 @@
+"""The lesson notebooks run top to bottom on CPU, and the committed copies show a clean run.
+
+Committed notebooks keep their outputs (so readers see the plots on GitHub). The run test executes
+a copy in memory, with ``lessons/`` as the working directory, and never writes the file back.
+To refresh the committed outputs after editing a lesson, run it top to bottom and save, e.g.::
+
+    jupyter nbconvert --to notebook --execute --inplace lessons/06_radix_cache.ipynb
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+TIMEOUT_S = 300  # per notebook, all cells together (kernel start-up excluded)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in IPython tracebacks
+
+pytestmark = pytest.mark.skipif(not NOTEBOOKS, reason="no lesson notebooks")
+
+
+def _read(path: Path):
+    nbformat = pytest.importorskip("nbformat")
+    return nbformat.read(path, as_version=4)
+
+
+def _cell_error(nb) -> str | None:
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return f"cell {i} ({cell.source.splitlines()[0][:60]!r}): {out.get('ename')}: {out.get('evalue')}"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S + 120)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path: Path):
+    nbclient = pytest.importorskip("nbclient")
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    nb = _read(path)
+    deadline = time.monotonic() + TIMEOUT_S
+    client = nbclient.NotebookClient(
+        nb,
+        kernel_name="python3",
+        # every cell gets what is left of the notebook's budget
+        timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
+        record_timing=False,
+        resources={"metadata": {"path": str(LESSONS)}},
+    )
+    start = time.monotonic()
+    try:
+        client.execute()
+    except CellTimeoutError:
+        pytest.fail(f"{path.name} did not finish within {TIMEOUT_S} s", pytrace=False)
+    except CellExecutionError as e:  # its message holds the failing cell's source and traceback
+        pytest.fail(f"{path.name}: a cell failed\n{_ANSI.sub('', str(e))}", pytrace=False)
+    print(f"{path.name}: {time.monotonic() - start:.1f} s")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_outputs_are_one_clean_run(path: Path):
+    """Readers see the outputs on GitHub: they must come from one top-to-bottom run, without errors."""
+    nb = _read(path)
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: code cells were not run once each, in order (execution counts {counts}); run the "
+        f"notebook top to bottom and save it: jupyter nbconvert --to notebook --execute --inplace {path}"
+    )
+    err = _cell_error(nb)
+    assert err is None, f"{path.name}: the committed outputs show an error in {err}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_lesson_shape(path: Path):
+    """STYLE.md: a lesson opens with its numbered title and ends by pointing at the lab ("Your turn")."""
+    nb = _read(path)
+    first = nb.cells[0]
+    number = path.name[:2]
+    assert first.cell_type == "markdown" and re.match(rf"# Lesson {number}\b", first.source), (
+        f"{path.name}: the first cell should be the title '# Lesson {number} — ...' followed by the promise"
+    )
+    assert any(c.cell_type == "markdown" and re.search(r"^## Your turn", c.source, re.M) for c in nb.cells), (
+        f"{path.name}: no '## Your turn' section (the lab, the grading command and what the tests check)"
+    )

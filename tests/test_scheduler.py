@@ -1,0 +1,153 @@
+"""Scheduling behaviour: chunked prefill, decode interleaving, admission, abort, prefix reuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from minisgl import LLM, SamplingParams
+from minisgl.core import SamplingParams as SP
+
+
+@pytest.fixture(scope="module")
+def path(tiny_llama):
+    return str(tiny_llama)
+
+
+def record_batches(llm):
+    """Wrap the engine so every batch's (phase, [(uid, start, end)]) is recorded."""
+    log = []
+    fwd = llm.scheduler.engine.forward_batch
+
+    def wrapped(batch, info):
+        log.append((batch.phase, [(r.uid, s, e) for r, s, e in zip(batch.reqs, batch.starts, batch.ends)]))
+        return fwd(batch, info)
+
+    llm.scheduler.engine.forward_batch = wrapped
+    return log
+
+
+def test_long_prompt_is_chunked_and_sampled_only_at_the_end(path):
+    llm = LLM(path, dtype="float32", max_prefill_length=16)
+    log = record_batches(llm)
+    (out,) = llm.generate([list(range(3, 53))], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    prefills = [b for phase, b in log if phase == "prefill"]
+    assert [(s, e) for b in prefills for _, s, e in b] == [(0, 16), (16, 32), (32, 48), (48, 50)]
+    assert len(out.token_ids) == 3
+    ref = LLM(path, dtype="float32", max_prefill_length=None)
+    assert (
+        ref.generate([list(range(3, 53))], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0].token_ids
+        == out.token_ids
+    )
+
+
+def test_decodes_run_between_chunks(path):
+    """Running requests get a decode step between two chunks of a long prompt."""
+    llm = LLM(path, dtype="float32", max_prefill_length=16)
+    sched = llm.scheduler
+    log = record_batches(llm)
+    for uid in range(4):
+        sched.add_request(uid, [3 + uid, 4, 5], SP(max_tokens=40, ignore_eos=True))
+    for _ in range(3):
+        sched.step()
+    sched.add_request(99, list(range(3, 100)), SP(max_tokens=2, ignore_eos=True))
+    while sched.has_work:
+        sched.step()
+    phases = [(phase, [u for u, _, _ in b]) for phase, b in log]
+    chunk_steps = [i for i, (ph, uids) in enumerate(phases) if ph == "prefill" and 99 in uids]
+    assert len(chunk_steps) == 7  # 97 tokens in chunks of 16
+    for a, b in zip(chunk_steps, chunk_steps[1:]):
+        between = phases[a + 1 : b]
+        assert between and all(ph == "decode" and set(uids) == {0, 1, 2, 3} for ph, uids in between)
+
+
+def test_admission_respects_memory_reservation(path):
+    """With room for two requests' full reservations, the third waits until one finishes."""
+    llm = LLM(path, dtype="float32", num_pages=2 * 30, debug_checks=True)
+    sched = llm.scheduler
+    for uid in range(3):
+        sched.add_request(uid, [3 + uid] * 10, SP(max_tokens=21, ignore_eos=True))  # needs 30 slots
+    sched.step()
+    assert sched.num_running == 2 and sched.num_waiting == 1
+    while sched.has_work:
+        sched.step()
+        assert sched.num_running <= 2
+
+
+def test_abort_frees_memory_at_once(path):
+    llm = LLM(path, dtype="float32", max_prefill_length=8, debug_checks=True)
+    sched = llm.scheduler
+    total = sched.engine.num_pages
+    sched.add_request(1, list(range(3, 40)), SP(max_tokens=50, ignore_eos=True))  # chunked
+    sched.add_request(2, [5, 6, 7], SP(max_tokens=50, ignore_eos=True))
+    sched.add_request(3, [8, 9], SP(max_tokens=50, ignore_eos=True))
+    sched.step()
+    assert sched.prefill.chunked is not None
+    assert sched.abort(1) and sched.abort(3)  # a chunked one and a waiting one
+    assert not sched.abort(1) and not sched.abort(12345)
+    for _ in range(3):
+        sched.step()
+    assert sched.abort(2)
+    assert not sched.has_work
+    sched.check_memory()
+    cache = sched.cache.cache
+    assert sched.cache.allocator.num_free + cache.evictable_size == total
+
+
+def test_full_prompt_hit_still_samples(path):
+    llm = LLM(path, dtype="float32", cache_type="radix")
+    p = SamplingParams(max_tokens=4, ignore_eos=True)
+    (a,) = llm.generate([[3, 4, 5, 6, 7, 8]], p, use_tqdm=False)
+    log = record_batches(llm)
+    (b,) = llm.generate([[3, 4, 5, 6, 7, 8]], p, use_tqdm=False)
+    assert a.token_ids == b.token_ids and b.cached_tokens == 5
+    assert log[0] == ("prefill", [(1, 5, 6)])  # only the last prompt token is computed
+
+
+def test_shared_prefix_workload_computes_fewer_prefill_tokens(path):
+    prefix = list(range(3, 103))
+    prompts = [prefix + [200 + i, 201 + i] for i in range(6)]
+    p = SamplingParams(max_tokens=2, ignore_eos=True)
+    stats = {}
+    for cache in ("radix", "naive"):
+        llm = LLM(path, dtype="float32", cache_type=cache, max_running_requests=1)
+        outs = llm.generate(prompts, p, use_tqdm=False)
+        stats[cache] = (llm.cache_stats.prefill_tokens, [o.token_ids for o in outs], llm.cache_stats.hit_rate)
+    assert stats["radix"][1] == stats["naive"][1]
+    assert stats["naive"][0] == 6 * 102 and stats["radix"][0] == 102 + 5 * 2
+    assert stats["radix"][2] == pytest.approx(5 * 100 / (6 * 102)) and stats["naive"][2] == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_overlap_loop_gives_the_same_tokens(path, page_size):
+    """The one-step-behind loop (forced on, on CPU) equals the plain loop, with EOS finishes,
+    chunked prompts, prefix hits and requests joining mid-run."""
+    prompts = [[3 + i % 5] * (5 + 7 * i) for i in range(10)]
+    params = [
+        SamplingParams(max_tokens=3 + i, ignore_eos=i % 2 == 0, temperature=0.8 * (i % 3 == 0), seed=i)
+        for i in range(10)
+    ]
+    outs = {}
+    for overlap in (False, True):
+        llm = LLM(
+            path,
+            dtype="float32",
+            overlap_scheduling=overlap,
+            page_size=page_size,
+            max_prefill_length=16,
+            max_running_requests=4,
+            debug_checks=True,
+        )
+        assert llm.scheduler.overlap is overlap
+        # a token the model likes to emit becomes EOS, so some requests stop early
+        llm.scheduler.eos_ids.add(_likely_token(llm))
+        outs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params, use_tqdm=False)]
+        outs[overlap] += [(o.token_ids, o.finish_reason) for o in llm.generate(prompts[:3], params[:3], use_tqdm=False)]
+        assert not llm.scheduler.has_work
+        llm.scheduler.check_memory()
+    assert outs[True] == outs[False]
+    assert any(r == "stop" for _, r in outs[True]) and any(r == "length" for _, r in outs[True])
+
+
+def _likely_token(llm) -> int:
+    (out,) = llm.generate([[5] * 12], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+    return out.token_ids[2]

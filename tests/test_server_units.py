@@ -1,0 +1,104 @@
+"""The server's pure pieces, without processes: message encoding, incremental detokenization, stop
+strings on streamed text, request validation and its error messages."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from minisgl.core import SamplingParams
+from minisgl.message import BatchTokenMsg, GenerateMsg, ReadyMsg, ReplyMsg, TokenMsg, decode, encode
+from minisgl.server.api import Seq, format_validation_errors
+from minisgl.server.args import parse_args
+from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest
+
+
+def test_messages_round_trip():
+    msgs = [
+        GenerateMsg(7, [1, 2, 3], SamplingParams(temperature=0.5, stop_token_ids=[9], seed=3), True),
+        BatchTokenMsg([TokenMsg(1, 5), TokenMsg(2, -1, "abort", 4, 2)]),
+        ReadyMsg("scheduler", {"max_seq_len": 8192, "nested": {"a": [1, 2]}}),
+    ]
+    for m in msgs:
+        assert decode(encode(m)) == m
+
+
+def test_incremental_decoder_joins_to_the_full_decode(embedded_path):
+    from transformers import AutoTokenizer
+
+    from minisgl.tokenizer.detokenizer import IncrementalDecoder
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    rng = random.Random(0)
+    text_ids = tok.encode("Héllo wörld — 日本語 🎉 done.\n\n  spaced   out")
+    cases = [text_ids] + [[rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 30))] for _ in range(50)]
+    for ids in cases:
+        dec = IncrementalDecoder(tok)
+        pieces = [dec.push([t]) for t in ids] + [dec.flush()]
+        assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True), ids
+        assert not any(p.endswith("\ufffd") for p in pieces[:-1] if p), "a split character was sent"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    full=st.text(alphabet="abc", max_size=30),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3),
+)
+def test_stop_strings_on_streamed_text(full, stops):
+    """Text streamed one character per reply comes out cut before the first stop string to be
+    completed, and nothing that could begin a stop string is sent before it is known not to."""
+    seq = Seq(0, 1, stops)
+    out = ""
+    for i, ch in enumerate(full):
+        seq.feed(ReplyMsg(1, ch, [i], "length" if i == len(full) - 1 else None))
+        out += seq.take_text()
+        if seq.finish_reason:
+            break
+    expect = full
+    for n in range(1, len(full) + 1):
+        hits = [full[:n].find(s) for s in stops if s in full[:n]]
+        if hits:
+            expect = full[: min(hits)]
+            break
+    assert out == expect
+    if len(full):
+        assert seq.take_finish() == ("stop" if any(s in full for s in stops) else "length")
+
+
+def test_request_validation_and_defaults():
+    r = ChatCompletionRequest(messages=[{"role": "developer", "content": [{"type": "text", "text": "x"}]}])
+    assert r.messages[0].as_template_input() == {"role": "system", "content": "x"}
+    sp = r.sampling(5)
+    assert sp.temperature == 1.0 and sp.top_p == 1.0 and sp.top_k == -1  # OpenAI's defaults
+    assert r.stop == [] and r.requested_max_tokens is None
+    assert (
+        ChatCompletionRequest(messages=[{"role": "user"}], max_tokens=3, max_completion_tokens=7).requested_max_tokens
+        == 7
+    )
+    assert CompletionRequest(prompt=[[1, 2], [3]]).prompts() == [[1, 2], [3]]
+    assert CompletionRequest(prompt=[1, 2]).prompts() == [[1, 2]]
+    assert CompletionRequest(prompt=["a", "b"], stop="x").stop == ["x"]
+    assert CompletionRequest(prompt="a", logprobs=0).unsupported_field() is None
+    assert CompletionRequest(prompt="a", logprobs=2).unsupported_field() == "logprobs"
+    assert (
+        ChatCompletionRequest(messages=[{"role": "user"}], presence_penalty=0.5).unsupported_field()
+        == "presence_penalty"
+    )
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], top_p=2, max_tokens="3")
+    msg, param = format_validation_errors(e.value.errors())
+    assert "max_tokens" in msg and "top_p" in msg and param in ("top_p", "max_tokens")
+
+
+def test_cli_flags_and_aliases():
+    a = parse_args(["--tp", "2", "--max-extend-length", "512", "--cache", "naive", "--attn", "torch", "--port", "0"])
+    assert a.engine["tp_size"] == 2 and a.engine["max_prefill_length"] == 512
+    assert a.engine["cache_type"] == "naive" and a.engine["attention_backend"] == "torch"
+    assert a.port == 0 and a.host == "127.0.0.1" and a.engine["model"] is None
+    assert parse_args([]).port == 1919
+    with pytest.raises(SystemExit):
+        parse_args(["--page-size", "0"])

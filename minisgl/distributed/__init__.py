@@ -48,10 +48,19 @@ class Communicator:
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate each rank's ``x`` along ``dim`` in rank order."""
         world = dist.get_world_size(self.group)
-        out = torch.empty((world, *x.shape), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
-        return torch.cat(out.unbind(0), dim=dim)
+        x = x.contiguous()
+        if x.is_cuda:  # one NCCL call into a [world * n, ...] buffer
+            out = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+            dist.all_gather_into_tensor(out, x, group=self.group)
+            parts = out.chunk(world, dim=0)
+        else:  # gloo has no all_gather_into_tensor
+            parts = [torch.empty_like(x) for _ in range(world)]
+            dist.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=dim)
 
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=120)
+IDLE_TIMEOUT = timedelta(days=7)
 
 _TP = TPInfo()
 _COMM: Communicator | None = None
@@ -70,7 +79,9 @@ def set_tp_info(info: TPInfo) -> None:
 def init_distributed(rank: int, size: int, device: torch.device, init_method: str) -> None:
     """Join the TP group. ``init_method`` is a ``tcp://host:port`` rank 0 listens on.
 
-    Creates the device group (NCCL or gloo) and a gloo CPU group for broadcasting requests."""
+    Creates the device group (NCCL or gloo; a dead peer surfaces as an error within
+    ``COLLECTIVE_TIMEOUT``) and a gloo CPU group for broadcasting requests, whose timeout is long
+    because idle ranks wait in it for as long as rank 0 has nothing to do."""
     global _COMM, _CPU_GROUP
     set_tp_info(TPInfo(rank, size))
     if size == 1:
@@ -80,11 +91,9 @@ def init_distributed(rank: int, size: int, device: torch.device, init_method: st
         # NVLink multicast can take a shared host's GPUs down; never let NCCL use it here.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=size, timeout=timedelta(seconds=120)
-    )
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
     _COMM = Communicator(dist.group.WORLD)
-    _CPU_GROUP = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    _CPU_GROUP = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
 
 
 def set_communicator(comm: Communicator) -> None:

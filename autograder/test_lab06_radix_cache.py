@@ -370,8 +370,10 @@ def _rounds(model, seed: int = 0) -> list[list[list[int]]]:
     return [
         [system + ids(6)],  # fills the cache
         [system + ids(5), system + ids(9)],  # hit the shared system prompt
-        [other + ids(10), other + ids(4), ids(40)],  # a different prefix: forces evictions
-        [system + ids(7)],  # whatever of the system prompt survived
+        [other + ids(10)],  # a second prefix, now the most recently used
+        [other + ids(4), ids(40)],  # hits it, and forces evictions: LRU drops the system prompt
+        [system + ids(7)],  # whatever of the system prompt survived (LRU: nothing)
+        [other + ids(3)],  # the second prefix survived
     ]
 
 

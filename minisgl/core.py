@@ -79,6 +79,7 @@ class Req:
     cache_handle: Any = None  # prefix-cache handle of the locked matched prefix
     alloc_len: int = 0  # positions [0, alloc_len) have KV slots in the page table
     hit_len: int = 0  # prompt tokens served from the prefix cache at admission
+    locked_len: int = 0  # positions [0, locked_len) are the cache's, locked by cache_handle
     finish_reason: FinishReason | None = None
 
     def __post_init__(self) -> None:

@@ -49,7 +49,7 @@ def test_decodes_run_between_chunks(path):
         sched.add_request(uid, [3 + uid, 4, 5], SP(max_tokens=40, ignore_eos=True))
     for _ in range(3):
         sched.step()
-    sched.add_request(99, list(range(3, 100)), SP(max_tokens=2, ignore_eos=True))
+    sched.add_request(99, list(range(200, 297)), SP(max_tokens=2, ignore_eos=True))
     while sched.has_work:
         sched.step()
     phases = [(phase, [u for u, _, _ in b]) for phase, b in log]
@@ -151,3 +151,20 @@ def test_overlap_loop_gives_the_same_tokens(path, page_size):
 def _likely_token(llm) -> int:
     (out,) = llm.generate([[5] * 12], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
     return out.token_ids[2]
+
+
+def test_requests_sent_together_share_a_prefix_computed_in_their_batch(path):
+    """All six arrive at once: the first computes the shared 100 tokens; the others wait one batch
+    (instead of computing them again) and then prefill only their own two tokens."""
+    prefix = list(range(3, 103))
+    prompts = [prefix + [200 + i, 201 + i] for i in range(6)]
+    p = SamplingParams(max_tokens=3, ignore_eos=True)
+    radix = LLM(path, dtype="float32", cache_type="radix", debug_checks=True)
+    log = record_batches(radix)
+    outs = radix.generate(prompts, p, use_tqdm=False)
+    naive = LLM(path, dtype="float32", cache_type="naive").generate(prompts, p, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in naive]
+    assert radix.cache_stats.prefill_tokens == 102 + 5 * 2
+    assert [o.cached_tokens for o in outs] == [0] + [100] * 5
+    first_prefill = next(b for phase, b in log if phase == "prefill")
+    assert [u for u, _, _ in first_prefill] == [0]

@@ -22,6 +22,10 @@ class MatchResult(NamedTuple):
 
 
 class PrefixCache(ABC):
+    # False for a cache that never keeps anything (the naive baseline): the scheduler then skips
+    # offering it prompts that are still in use
+    shares_prefixes: bool = True
+
     def __init__(self, page_size: int = 1):
         self.page_size = page_size
 

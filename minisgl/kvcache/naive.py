@@ -10,6 +10,8 @@ from minisgl.kvcache.base import MatchResult, PrefixCache
 class NaivePrefixCache(PrefixCache):
     """Caches nothing: every request prefills its whole prompt. The ablation baseline."""
 
+    shares_prefixes = False
+
     def match_prefix(self, token_ids: list[int]) -> MatchResult:
         return MatchResult(0, torch.empty(0, dtype=torch.int64), None)
 

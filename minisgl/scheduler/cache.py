@@ -5,6 +5,8 @@ Pages available to new work = free pages + pages the cache could evict. Allocati
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from minisgl.core import Req
@@ -43,14 +45,29 @@ class CacheManager:
         """Give page-aligned runs of slots back to the allocator."""
         self.allocator.free(self.allocator.pages_of(slots))
 
-    def release(self, token_ids: list[int], slots: torch.Tensor, hit_len: int, handle) -> None:
+    def cache_prompt(self, token_ids: list[int], slots: torch.Tensor, locked_len: int, handle) -> tuple[int, Any]:
+        """A running request's prompt is prefilled: share its whole pages now, not only when it
+        finishes, so requests admitted from now on reuse them. Returns ``(new_locked_len, handle)``:
+        the request holds a lock on ``[0, new_locked_len)``, which the cache owns from now on.
+
+        If another request cached part of it meanwhile, ours is a duplicate: it is freed and the
+        caller must point its page table at ``match_prefix(token_ids).indices`` for that range."""
+        end = self.cache.aligned(len(token_ids))
+        prefix = self.cache.insert(token_ids[:end], slots[:end])
+        self.free_slots(slots[locked_len:prefix])
+        match = self.cache.match_prefix(token_ids[:end])
+        self.cache.lock(match.handle)
+        self.cache.unlock(handle)
+        return match.length, match.handle
+
+    def release(self, token_ids: list[int], slots: torch.Tensor, locked_len: int, handle) -> None:
         """A request is done with ``slots`` (its KV of ``token_ids``; ``slots`` may extend past
         them to the end of the last page). Offer the whole pages to the cache, free what it does
         not keep, and drop the request's lock on the prefix it matched at admission."""
         end = self.cache.aligned(len(token_ids))
         prefix = self.cache.insert(token_ids[:end], slots[:end])
-        # [0, hit_len) are the cache's own slots; [hit_len, prefix) duplicate what another request
+        # [0, locked_len) are the cache's own slots; [locked_len, prefix) duplicate what another request
         # cached meanwhile; [end, ...) is the partial last page (and any page past it)
-        self.free_slots(slots[hit_len:prefix])
+        self.free_slots(slots[locked_len:prefix])
         self.free_slots(slots[end:])
         self.cache.unlock(handle)

@@ -3,7 +3,9 @@
 A prefill batch holds at most ``max_prefill_length`` new tokens. A prompt that does not fit in
 what is left is split: its first chunk runs now and it stays the *chunked* request, first in line
 for the next prefill batch. Admission is first-come first-served and stops at the first request
-that does not fit (in rows or in memory), so no request waits forever behind later ones.
+that does not fit (in rows or in memory), so no request waits forever behind later ones. It also
+stops at a request whose prompt shares more with a prompt of this batch than with the cache: one
+batch later that prefix is cached (``Scheduler._share_prompt``) and it computes only the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.core import Req
+from minisgl.kvcache.radix import common_prefix_len
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.table import ReqTable
 
@@ -57,7 +60,7 @@ class PrefillManager:
             left -= out[-1].end - out[-1].start
         while self.pending and left > 0 and self.chunked is None and self.table.num_free_rows > 0:
             req = self.pending[0]
-            if not self._admit(req, reserved_pages):
+            if not self._admit(req, reserved_pages, [x.req.input_ids for x in out]):
                 break
             self.pending.popleft()
             reserved_pages += self.cache.pages_still_needed(req)
@@ -71,9 +74,14 @@ class PrefillManager:
             self.chunked = req
         return Extend(req, req.cached_len, end)
 
-    def _admit(self, req: Req, reserved_pages: int) -> bool:
+    def _admit(self, req: Req, reserved_pages: int, batch_prompts: list[list[int]]) -> bool:
         # match all but the last prompt token: a full hit must still compute that token's logits
         match = self.cache.match(req.input_ids[: req.prompt_len - 1])
+        if self.cache.cache.shares_prefixes and batch_prompts:
+            # a longer prefix is being computed in this batch: wait one batch and reuse it
+            shared = max(common_prefix_len(p, req.input_ids[: req.prompt_len - 1]) for p in batch_prompts)
+            if self.cache.cache.aligned(shared) > match.length:
+                return False
         self.cache.cache.lock(match.handle)  # locking first: it may turn evictable pages protected
         req.alloc_len = match.length
         if self.cache.pages_still_needed(req) > self.cache.available_pages - reserved_pages:
@@ -81,7 +89,7 @@ class PrefillManager:
             req.alloc_len = 0
             return False
         req.table_idx = self.table.alloc_row()
-        req.cache_handle, req.hit_len, req.cached_len = match.handle, match.length, match.length
+        req.cache_handle, req.hit_len, req.locked_len, req.cached_len = (match.handle, *[match.length] * 3)
         if match.length:
             rows = torch.full((match.length,), req.table_idx, dtype=torch.int64)
             self.table.set_slots(rows, torch.arange(match.length), match.indices)

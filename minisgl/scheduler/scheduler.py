@@ -269,7 +269,21 @@ class Scheduler:
             events.append(TokenEvent(req.uid, tok, reason))
             if reason is not None:
                 self._finish(req, reason)
+            elif len(req.output_ids) == 1 and self.cache.cache.shares_prefixes:
+                self._share_prompt(req)
         return events
+
+    def _share_prompt(self, req: Req) -> None:
+        """Insert a request's freshly prefilled prompt into the prefix cache (its KV is written:
+        this runs after the batch, and later batches are ordered after it on the device)."""
+        old = req.locked_len
+        req.locked_len, req.cache_handle = self.cache.cache_prompt(
+            req.input_ids, self.table.slots(req.table_idx, 0, req.alloc_len), old, req.cache_handle
+        )
+        if req.locked_len > old:  # point the duplicate range at the cache's copy (a no-op where it was ours)
+            idx = self.cache.cache.match_prefix(req.input_ids[: req.locked_len]).indices
+            rows = torch.full((req.locked_len - old,), req.table_idx, dtype=torch.int64)
+            self.table.set_slots(rows, torch.arange(old, req.locked_len), idx[old:])
 
     def _finish(self, req: Req, reason: str) -> None:
         req.finish_reason = reason  # type: ignore[assignment]
@@ -279,7 +293,7 @@ class Scheduler:
             return
         tokens = req.all_token_ids()[: req.cached_len]
         slots = self.table.slots(req.table_idx, 0, req.alloc_len)
-        self.cache.release(tokens, slots, req.hit_len, req.cache_handle)
+        self.cache.release(tokens, slots, req.locked_len, req.cache_handle)
         self.table.free_row(req.table_idx)
         req.table_idx = -1
 
@@ -290,7 +304,7 @@ class Scheduler:
         cache = self.cache.cache
         cache.check_integrity()
         admitted = [r for r in self.reqs.values() if r.table_idx >= 0]
-        owned = sum(r.alloc_len - r.hit_len for r in admitted)
+        owned = sum(r.alloc_len - r.locked_len for r in admitted)
         total = self.cache.allocator.num_free * self.page_size + cache.evictable_size + cache.protected_size
         assert total + owned == self.engine.num_pages * self.page_size, (
             f"KV accounting broken: free+cached {total} + owned {owned} != {self.engine.num_pages * self.page_size}"

@@ -1,0 +1,132 @@
+"""Chunked prefill, measured: a long prompt arrives while 8 requests are decoding.
+
+    python -m minisgl.benchmark.long_prompt                      # embedded model, chunks 256/1024/unlimited
+    python -m minisgl.benchmark.long_prompt --chunks 512 none --prompt-len 8192
+
+For each chunk size (``--max-prefill-length``), in a fresh process:
+  peak   the memory the forward passes took on top of what was in use before the long prompt
+         (GPU: ``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set)
+  gap    the longest wait between two tokens of the decoding requests while the prompt is prefilled
+  ttft   the long prompt's time to first token
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def measure(args: argparse.Namespace, chunk: int | None) -> dict:
+    from minisgl import LLM, SamplingParams
+
+    llm = LLM(
+        args.model, dtype=args.dtype, max_prefill_length=chunk, page_size=args.page_size, dummy_weight=args.dummy_weight
+    )
+    sched = llm.scheduler
+    rng = random.Random(0)
+    llm.generate([[rng.randrange(3, 10000) for _ in range(64)]], SamplingParams(max_tokens=2), use_tqdm=False)
+    decoders = list(range(8))
+    for uid in decoders:
+        sched.add_request(
+            uid, [rng.randrange(3, 10000) for _ in range(32)], SamplingParams(max_tokens=10**6 // 1000, ignore_eos=True)
+        )
+    while sched.num_waiting or sched.prefill.chunked is not None:
+        sched.step()
+    for _ in range(3):
+        sched.step()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss()
+    sched.add_request(
+        99, [rng.randrange(3, 10000) for _ in range(args.prompt_len)], SamplingParams(max_tokens=1, ignore_eos=True)
+    )
+    last = {u: time.perf_counter() for u in decoders}
+    gap, t0, ttft = 0.0, time.perf_counter(), None
+    while ttft is None:
+        events = sched.step()
+        now = time.perf_counter()
+        for ev in events:
+            if ev.uid == 99:
+                ttft = now - t0
+            elif ev.uid in last:
+                gap = max(gap, now - last[ev.uid])
+                last[ev.uid] = now
+    gap = max([gap] + [now - t for t in last.values()])  # a decoder that got no token at all
+    peak = (torch.cuda.max_memory_allocated() if cuda else _peak_rss()) - base
+    return dict(
+        chunk=chunk,
+        prompt_len=args.prompt_len,
+        peak_mib=peak / 2**20,
+        max_gap_ms=gap * 1e3,
+        ttft_s=ttft,
+        device="cuda" if cuda else "cpu",
+    )
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--dummy-weight", action="store_true")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=4096)
+    ap.add_argument("--chunks", nargs="+", default=["256", "1024", "none"], help="chunk sizes; 'none' = unlimited")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: measure one chunk size
+    args = ap.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(measure(args, None if args.one == "none" else int(args.one))))
+        return []
+    rows = []
+    for chunk in args.chunks:  # a fresh process each: peak memory is per process
+        cmd = [
+            sys.executable,
+            "-m",
+            "minisgl.benchmark.long_prompt",
+            "--one",
+            chunk,
+            "--prompt-len",
+            str(args.prompt_len),
+            "--dtype",
+            args.dtype,
+            "--page-size",
+            str(args.page_size),
+        ]
+        cmd += ["--model", args.model] if args.model else []
+        cmd += ["--dummy-weight"] if args.dummy_weight else []
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(
+            f"chunk {str(r['chunk']):>9}: peak {r['peak_mib']:8.1f} MiB   max decode gap {r['max_gap_ms']:8.1f} ms"
+            f"   prompt TTFT {r['ttft_s']:.2f} s",
+            flush=True,
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,9 @@ a mask that is causal and hides the padding::
     req0: p=5,6,7      ->     0 1 2 3 4 5 6 7 | pad
     req1: p=3 (decode) ->     0 1 2 3 | pad ...
 
-Correct and simple, but it copies K/V every layer; the FlashInfer backends read pages in place.
+Correct and simple, but it copies K/V every layer. Decode batches (one query per request) skip
+the copy: on a CPU a C++ kernel (``minisgl/kernels``) reads K/V rows in place; elsewhere the same
+math runs in torch. The FlashInfer backends read pages in place for both.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import torch.nn.functional as F
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.core import Batch
+from minisgl.kernels import paged_attention
+from minisgl.kernels.paged_attention import paged_decode_attention, paged_decode_attention_torch
 
 
 @dataclass
 class TorchMetadata:
-    kv_slots: torch.Tensor  # [B, max_len] slot of each key position (padding: any valid slot)
-    mask: torch.Tensor  # [B, 1, max_q, max_len] True = attend
-    q_index: torch.Tensor | None  # [num_tokens] -> row of the padded [B * max_q] queries; None if max_q == 1
+    kv_slots: torch.Tensor  # [B, max_len] int64 slot of each key position (padding: any valid slot)
+    seq_lens: torch.Tensor  # [B] int32 keys each request attends to
+    mask: torch.Tensor | None  # [B, 1, max_q, max_len] True = attend (prefill only)
+    q_index: torch.Tensor | None  # [num_tokens] -> row of the padded [B * max_q] queries (prefill only)
     max_q: int
 
 
@@ -38,27 +43,42 @@ class TorchBackend(AttentionBackend):
         q_lens = ends - starts
         max_q, max_len = int(q_lens.max()), int(ends.max())
         rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
-        starts, ends, rows = (t.to(device, non_blocking=True) for t in (starts, ends, rows))
+        seq_lens = ends.to(device=device, dtype=torch.int32, non_blocking=True)
+        rows = rows.to(device, non_blocking=True)
         kv_slots = self.page_table[rows, :max_len].to(torch.int64)
-        kpos = torch.arange(max_len, device=device)
-        qpos = starts[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, max_q]
-        # padded query rows still see key 0, so no row of the softmax is empty (no NaN)
-        mask = (kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < ends[:, None, None])
-        q_index = None
+        mask = q_index = None
         if max_q > 1:
+            starts, ends = starts.to(device, non_blocking=True), ends.to(device, non_blocking=True)
+            kpos = torch.arange(max_len, device=device)
+            qpos = starts[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, max_q]
+            # padded query rows still see key 0, so no row of the softmax is empty (no NaN)
+            mask = ((kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < ends[:, None, None])).unsqueeze(
+                1
+            )
             b = torch.repeat_interleave(torch.arange(len(batch.reqs)), q_lens)
             offs = torch.arange(len(b)) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens, q_lens)
             q_index = (b * max_q + offs).to(device, non_blocking=True)
-        batch.attn_metadata = TorchMetadata(kv_slots, mask.unsqueeze(1), q_index, max_q)
+        batch.attn_metadata = TorchMetadata(kv_slots, seq_lens, mask, q_index, max_q)
 
     def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
         md: TorchMetadata = batch.attn_metadata
         self.pool.store(layer_id, batch.out_loc, k, v)
+        bsz, heads, dim = md.kv_slots.shape[0], q.shape[1], q.shape[2]
+        if md.q_index is None:  # decode: one query per request, K/V read where they lie
+            decode = (
+                paged_decode_attention if q.is_cpu and paged_attention.available() else paged_decode_attention_torch
+            )
+            out = decode(
+                q.view(bsz, heads, dim),
+                self.pool.k_slots(layer_id),
+                self.pool.v_slots(layer_id),
+                md.kv_slots,
+                md.seq_lens,
+                self.scale,
+            )
+            return out.view(bsz, heads * dim)
         kv = self.pool.buffer[layer_id].flatten(1, 2)[:, md.kv_slots]  # [2, B, L, kv_heads, D]: K and V at once
         keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, kv_heads, L, D]
-        bsz, heads, dim = md.kv_slots.shape[0], q.shape[1], q.shape[2]
-        if md.q_index is None:
-            return self._decode(q.view(bsz, heads, dim), keys, values, md.mask)
         qp = q.new_zeros(bsz * md.max_q, heads, dim)
         qp[md.q_index] = q
         qp = qp.view(bsz, md.max_q, heads, dim)
@@ -71,14 +91,3 @@ class TorchBackend(AttentionBackend):
             enable_gqa=heads != keys.shape[1],
         )
         return out.transpose(1, 2).reshape(bsz * md.max_q, heads * dim)[md.q_index]
-
-    def _decode(self, q, keys, values, mask) -> torch.Tensor:
-        """One query per request: two small batched matmuls, the query heads of a KV group side by
-        side (no K/V copy per query head). On CPU this beats SDPA's flash kernel, most in bf16."""
-        bsz, heads, dim = q.shape
-        kv_heads = keys.shape[1]
-        qg = q.view(bsz, kv_heads, heads // kv_heads, dim)
-        scores = (qg @ keys.transpose(-1, -2)).float() * self.scale  # [B, kv_heads, group, L]
-        scores = scores.masked_fill(~mask, float("-inf"))
-        out = scores.softmax(dim=-1).to(q.dtype) @ values  # [B, kv_heads, group, D]
-        return out.reshape(bsz, heads * dim)

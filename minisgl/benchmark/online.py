@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minisgl.benchmark import append_result
+
 WORDS = "time year people way day man thing woman life child world school state family student group".split()
 
 
@@ -274,11 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res = summarize(results, duration, args, model)
     print(report(res), flush=True)
     if args.json:
-        path = Path(args.json)
-        runs = json.loads(path.read_text()) if path.exists() else []
-        runs.append(res)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(runs, indent=2))
+        append_result(args.json, res)
     if args.plot:
         plot(results, args.plot)
         print(f"plot saved to {args.plot}", flush=True)

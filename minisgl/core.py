@@ -91,10 +91,6 @@ class Req:
         return len(self.input_ids)
 
     @property
-    def extend_len(self) -> int:
-        return self.device_len - self.cached_len
-
-    @property
     def num_scheduled_outputs(self) -> int:
         """Tokens sampled or being sampled on the device (>= len(output_ids))."""
         return self.device_len - self.prompt_len
@@ -145,10 +141,6 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return sum(e - s for s, e in zip(self.starts, self.ends))
-
-    @property
-    def seq_lens(self) -> list[int]:
-        return self.ends
 
 
 @dataclass

@@ -129,7 +129,7 @@ def test_a_dead_rank_is_an_error_not_a_hang(tiny_llama):
 
 def test_server_with_tp2_matches_offline(tiny_llama, tmp_path):
     import httpx
-    from server_utils import ServerProcess, alive_pids
+    from server_utils import ServerProcess, alive_pids, wait_until
 
     ref = LLM(str(tiny_llama), dtype="float32").generate(PROMPTS[:2], PARAMS, use_tqdm=False)
     server = ServerProcess(["--model", str(tiny_llama), "--tp", "2", "--dtype", "float32"], tmp_path)
@@ -150,7 +150,8 @@ def test_server_with_tp2_matches_offline(tiny_llama, tmp_path):
             assert r.json()["choices"][0]["text"] == text
     finally:
         assert server.stop() == 0
-    assert not alive_pids(children), "scheduler ranks outlived the server"
+    # children exit as the launcher stops them (the multiprocessing resource tracker a moment later)
+    assert wait_until(lambda: not alive_pids(children), 10), f"outlived the server: {alive_pids(children)}"
 
 
 def decoded_text(path, ids):

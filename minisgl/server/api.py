@@ -411,6 +411,19 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+def stream_chunker(rid: str, kind: str, created: int, model: str, include_usage: bool):
+    """``chunk(choices, usage)`` -> one SSE event of a streamed response of this ``kind``; ``usage``
+    is sent only when the client asked for it (``stream_options.include_usage``)."""
+
+    def chunk(choices: list[dict], usage: dict | None = None) -> str:
+        obj = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
+        if include_usage:
+            obj["usage"] = usage
+        return sse(obj)
+
+    return chunk
+
+
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -593,12 +606,7 @@ def create_app(addrs: Addresses, api_key: str | None = None) -> FastAPI:
         await begin(gen, request)
         rid, model = f"chatcmpl-{uuid.uuid4().hex}", model_name()
 
-        def chunk(choices: list[dict], usage: dict | None = None) -> str:
-            obj = {"id": rid, "object": "chat.completion.chunk", "created": gen.created, "model": model}
-            obj["choices"] = choices
-            if req.include_usage:
-                obj["usage"] = usage
-            return sse(obj)
+        chunk = stream_chunker(rid, "chat.completion.chunk", gen.created, model, req.include_usage)
 
         async def events():
             for s in gen.seqs:
@@ -650,12 +658,7 @@ def create_app(addrs: Addresses, api_key: str | None = None) -> FastAPI:
         await begin(gen, request)
         rid, model = f"cmpl-{uuid.uuid4().hex}", model_name()
 
-        def chunk(choices: list[dict], usage: dict | None = None) -> str:
-            obj = {"id": rid, "object": "text_completion", "created": gen.created, "model": model}
-            obj["choices"] = choices
-            if req.include_usage:
-                obj["usage"] = usage
-            return sse(obj)
+        chunk = stream_chunker(rid, "text_completion", gen.created, model, req.include_usage)
 
         async def events():
             async for s in gen.updates():

@@ -5,8 +5,6 @@ Pages available to new work = free pages + pages the cache could evict. Allocati
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from minisgl.core import Req
@@ -45,20 +43,20 @@ class CacheManager:
         """Give page-aligned runs of slots back to the allocator."""
         self.allocator.free(self.allocator.pages_of(slots))
 
-    def cache_prompt(self, token_ids: list[int], slots: torch.Tensor, locked_len: int, handle) -> tuple[int, Any]:
+    def cache_prompt(self, token_ids: list[int], slots: torch.Tensor, locked_len: int, handle) -> MatchResult:
         """A running request's prompt is prefilled: share its whole pages now, not only when it
-        finishes, so requests admitted from now on reuse them. Returns ``(new_locked_len, handle)``:
-        the request holds a lock on ``[0, new_locked_len)``, which the cache owns from now on.
+        finishes, so requests admitted from now on reuse them. Returns the match of the prompt in
+        the cache, already locked (the old ``handle`` is unlocked): the cache owns those slots now.
 
-        If another request cached part of it meanwhile, ours is a duplicate: it is freed and the
-        caller must point its page table at ``match_prefix(token_ids).indices`` for that range."""
+        If another request cached part of it meanwhile, ours is a duplicate: it is freed, and the
+        caller must point its page table at the returned indices for that range."""
         end = self.cache.aligned(len(token_ids))
         prefix = self.cache.insert(token_ids[:end], slots[:end])
         self.free_slots(slots[locked_len:prefix])
         match = self.cache.match_prefix(token_ids[:end])
         self.cache.lock(match.handle)
         self.cache.unlock(handle)
-        return match.length, match.handle
+        return match
 
     def release(self, token_ids: list[int], slots: torch.Tensor, locked_len: int, handle) -> None:
         """A request is done with ``slots`` (its KV of ``token_ids``; ``slots`` may extend past

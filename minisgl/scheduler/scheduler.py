@@ -277,13 +277,13 @@ class Scheduler:
         """Insert a request's freshly prefilled prompt into the prefix cache (its KV is written:
         this runs after the batch, and later batches are ordered after it on the device)."""
         old = req.locked_len
-        req.locked_len, req.cache_handle = self.cache.cache_prompt(
+        match = self.cache.cache_prompt(
             req.input_ids, self.table.slots(req.table_idx, 0, req.alloc_len), old, req.cache_handle
         )
-        if req.locked_len > old:  # point the duplicate range at the cache's copy (a no-op where it was ours)
-            idx = self.cache.cache.match_prefix(req.input_ids[: req.locked_len]).indices
-            rows = torch.full((req.locked_len - old,), req.table_idx, dtype=torch.int64)
-            self.table.set_slots(rows, torch.arange(old, req.locked_len), idx[old:])
+        req.locked_len, req.cache_handle = match.length, match.handle
+        if match.length > old:  # point the duplicate range at the cache's copy (a no-op where it was ours)
+            rows = torch.full((match.length - old,), req.table_idx, dtype=torch.int64)
+            self.table.set_slots(rows, torch.arange(old, match.length), match.indices[old:])
 
     def _finish(self, req: Req, reason: str) -> None:
         req.finish_reason = reason  # type: ignore[assignment]

@@ -65,7 +65,7 @@ def tiny_model(kind: str) -> Path:
         return out
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    _build(kind, tmp)
+    build_tiny_model(kind, tmp)
     (tmp / ".complete").write_text("ok")
     try:
         tmp.rename(out)
@@ -74,14 +74,17 @@ def tiny_model(kind: str) -> Path:
     return out
 
 
-def _build(kind: str, path: Path) -> None:
+def build_tiny_model(
+    kind: str, path: Path, *, tokenizer: bool = True, max_shard_size: str = "5GB", seed: int = 1234, **overrides
+) -> Path:
+    """Save a random ``kind`` model (``CONFIGS``, updated with ``overrides``) as an HF folder, with
+    a copy of the embedded model's tokenizer unless ``tokenizer=False``. The project's own tests
+    build their fixtures with it too."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from minisgl.models.embedded import embedded_model_path
-
-    cfg = AutoConfig.for_model("llama" if kind == "llama" else "qwen3", **CONFIGS[kind])
-    torch.manual_seed(1234)
+    cfg = AutoConfig.for_model("llama" if kind == "llama" else "qwen3", **{**CONFIGS[kind], **overrides})
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     # HF's init (std 0.02) gives near-uniform logits; wider weights make greedy choices clear-cut,
     # so tiny numerical differences between correct implementations never flip a token
@@ -91,5 +94,9 @@ def _build(kind: str, path: Path) -> None:
                 p.normal_(0.0, 2.0 / p.shape[-1] ** 0.5)
             elif "norm" in name:
                 p.uniform_(0.5, 1.5)
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(path)
+    model.save_pretrained(path, max_shard_size=max_shard_size)
+    if tokenizer:
+        from minisgl.models.embedded import embedded_model_path
+
+        AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(path)
+    return path

@@ -29,69 +29,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def save_tiny_model(kind: str, path: Path, tokenizer: bool = True, **overrides) -> Path:
-    """A random model of the given architecture with a copy of the embedded tokenizer (same
-    vocabulary size, so text prompts work through the server too)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    """A random model (``autograder.models.CONFIGS``: Llama with llama3 rope scaling, Qwen3 with
+    head_dim != hidden/heads) with a copy of the embedded tokenizer (same vocabulary size, so text
+    prompts work through the server too). The Llama one is saved in several shards
+    (``model.safetensors.index.json``) to test that path."""
+    from autograder.models import build_tiny_model
 
-    common = dict(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        eos_token_id=2,
-        bos_token_id=1,
-    )
-    if kind == "llama":
-        cfg = LlamaConfig(
-            **{
-                **common,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "rope_theta": 10000.0,
-                "rope_scaling": {
-                    "rope_type": "llama3",
-                    "factor": 8.0,
-                    "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 256,
-                },
-                **overrides,
-            }
-        )
-    elif kind == "qwen3":
-        cfg = Qwen3Config(
-            **{
-                **common,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "head_dim": 32,
-                "rope_theta": 1e6,
-                "tie_word_embeddings": True,
-                **overrides,
-            }
-        )
-    else:
-        raise ValueError(kind)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    # HF's default init (std 0.02) gives near-uniform logits; widen it so greedy choices are clear
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5 / p.shape[-1] ** 0.5 * 4)
-            elif "norm" in name:
-                p.uniform_(0.5, 1.5)
-    # the Llama one is saved in several shards (model.safetensors.index.json) to test that path
-    model.save_pretrained(path, max_shard_size="2MB" if kind == "llama" else "1GB")
-    if tokenizer:
-        from transformers import AutoTokenizer
-
-        from minisgl.models.embedded import embedded_model_path
-
-        AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(path)
-    return path
+    shard = "2MB" if kind == "llama" else "5GB"
+    return build_tiny_model(kind, path, tokenizer=tokenizer, max_shard_size=shard, **overrides)
 
 
 @pytest.fixture(scope="session")

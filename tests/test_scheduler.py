@@ -139,7 +139,7 @@ def test_overlap_loop_gives_the_same_tokens(path, page_size):
         )
         assert llm.scheduler.overlap is overlap
         # a token the model likes to emit becomes EOS, so some requests stop early
-        llm.scheduler.eos_ids.add(_likely_token(llm))
+        llm.scheduler.eos_ids.add(_likely_token(llm, prompts[1]))
         outs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params, use_tqdm=False)]
         outs[overlap] += [(o.token_ids, o.finish_reason) for o in llm.generate(prompts[:3], params[:3], use_tqdm=False)]
         assert not llm.scheduler.has_work
@@ -148,8 +148,9 @@ def test_overlap_loop_gives_the_same_tokens(path, page_size):
     assert any(r == "stop" for _, r in outs[True]) and any(r == "length" for _, r in outs[True])
 
 
-def _likely_token(llm) -> int:
-    (out,) = llm.generate([[5] * 12], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+def _likely_token(llm, prompt: list[int]) -> int:
+    """The third greedy token of ``prompt``: made an EOS, it stops that (EOS-respecting) request early."""
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
     return out.token_ids[2]
 
 

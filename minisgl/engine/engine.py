@@ -83,6 +83,8 @@ class Engine:
         init_distributed(config.tp_rank, config.tp_size, self.device, config.dist_init_method)
         self.tp = get_tp_info()
         self.model = self._load_model()
+        attn = self.model.model.layers[0].self_attn
+        self.local_heads, self.local_kv_heads = attn.num_heads, attn.num_kv_heads  # this rank's share
         cfg = self.model_config
         self.max_seq_len = min(cfg.max_position, config.max_seq_len or cfg.max_position)
         self.num_pages = self._num_pages()
@@ -90,7 +92,7 @@ class Engine:
             cfg.num_layers,
             self.num_pages,
             config.page_size,
-            self.model.model.layers[0].self_attn.num_kv_heads,
+            self.local_kv_heads,
             cfg.head_dim,
             self.dtype,
             self.device,
@@ -103,7 +105,7 @@ class Engine:
             config.attention_backend,
             self.kv_pool,
             self.page_table,
-            self.model.model.layers[0].self_attn.num_heads,
+            self.local_heads,
             cfg.head_dim,
         )
         self.sampler = SAMPLERS["default"]()
@@ -131,8 +133,7 @@ class Engine:
         cfg, page = self.model_config, self.config.page_size
         if self.config.num_pages is not None:
             return self.config.num_pages
-        kv_heads = self.model.model.layers[0].self_attn.num_kv_heads
-        per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(cfg.num_layers, self.local_kv_heads, cfg.head_dim, self.dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             tokens = int(free * self.config.memory_ratio) // per_token

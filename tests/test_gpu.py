@@ -137,3 +137,25 @@ def test_graph_replay_is_used_and_padding_is_harmless(gpu_models):
     runner = llm.scheduler.engine.graph_runner
     assert runner.sizes == [1, 2, 4, 8]
     assert tokens == eager
+
+
+# ---- fused kernels in the whole engine (kernel-level tests: test_triton_kernels.py) --------------
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen3"])
+def test_fused_kernels_keep_the_unfused_tokens(gpu_models, model, monkeypatch):
+    """The whole engine with FlashInfer's and our Triton kernels off gives the same greedy tokens."""
+    import minisgl.kernels as kernels
+
+    fused, fused_logits, _ = run(gpu_models[model], attention_backend="fa3,fi", cuda_graph_max_bs=8)
+    monkeypatch.setenv("MINISGL_FUSED_KERNELS", "0")
+    kernels._triton.cache_clear(), kernels._flashinfer.cache_clear()
+    try:
+        plain, plain_logits, _ = run(gpu_models[model], attention_backend="fa3,fi", cuda_graph_max_bs=8)
+    finally:
+        monkeypatch.delenv("MINISGL_FUSED_KERNELS")
+        kernels._triton.cache_clear(), kernels._flashinfer.cache_clear()
+    assert kernels.triton_ops(torch.zeros(1, device="cuda")) is not None
+    for a, b in zip(fused_logits, plain_logits):
+        assert float((a - b).abs().max()) < LOGIT_ATOL
+    assert fused == plain

@@ -3,8 +3,10 @@
 
     python -m minisgl.benchmark.profile --model Qwen3-0.6B --dummy-weight --batch-size 256 --prompt-len 800
 
-Prints ms per step (and tokens/s) for the engine's loop, then the top device kernels and host
-operations of a few profiled steps. ``--trace PATH`` writes a Chrome trace (chrome://tracing).
+Prints, per batch size (``--batch-size 256,64,16``), the wall time of a step (and tokens/s) next to
+the device time of its kernels: when wall time exceeds kernel time, the host is the bottleneck.
+Then the top device kernels and host operations of the first batch size's profiled steps.
+``--trace PATH`` writes a Chrome trace of those steps (chrome://tracing).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--dummy-weight", action="store_true")
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", default="64", help="one size or a comma-separated list")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--profile-steps", type=int, default=10)
@@ -32,8 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--trace", default=None)
+    ap.add_argument("--host-profile", action="store_true", help="also cProfile the host side of a few steps")
     args = ap.parse_args(argv)
 
+    sizes = [int(b) for b in str(args.batch_size).split(",")]
     llm = LLM(
         args.model,
         dummy_weight=args.dummy_weight,
@@ -41,23 +45,11 @@ def main(argv: list[str] | None = None) -> None:
         dtype=args.dtype,
         attention_backend=args.attention_backend,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
-        max_running_requests=max(args.batch_size, 1),
+        max_running_requests=max(sizes),
     )
     sched = llm.scheduler
-    rng = random.Random(0)
-    total_steps = args.steps + args.profile_steps + 5
-    for uid in range(args.batch_size):
-        prompt = [rng.randrange(0, 10000) for _ in range(args.prompt_len)]
-        req = sched.make_request(
-            10**6 + uid,
-            prompt,
-            SamplingParams(temperature=args.temperature, max_tokens=total_steps + 10, ignore_eos=True),
-        )
-        sched.add(req)
-    while sched.prefill.has_work:  # prefill everything first
-        sched.step()
-    sched.step()
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def run(n: int) -> float:
         sync()
@@ -67,26 +59,53 @@ def main(argv: list[str] | None = None) -> None:
         sync()
         return (time.perf_counter() - t) / n
 
-    run(3)
-    per_step = run(args.steps)
-    print(
-        f"decode: batch {args.batch_size}, context ~{args.prompt_len}: {per_step * 1e3:.2f} ms/step, "
-        f"{args.batch_size / per_step:,.0f} tok/s  (overlap={sched.overlap}, "
-        f"graphs={'on' if sched.engine.graph_runner else 'off'}, attention={sched.engine.attn_backend.name})"
-    )
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
-        run(args.profile_steps)
-    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=90))
-    if torch.cuda.is_available():
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=90))
-    if args.trace:
-        prof.export_chrome_trace(args.trace)
-    for uid in list(sched.reqs):
-        sched.abort(uid)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    rng = random.Random(0)
+    for i, bs in enumerate(sizes):
+        total_steps = args.steps + args.profile_steps + 5
+        for uid in range(bs):
+            prompt = [rng.randrange(0, 10000) for _ in range(args.prompt_len)]
+            params = SamplingParams(temperature=args.temperature, max_tokens=total_steps + 10, ignore_eos=True)
+            sched.add(sched.make_request(10**6 * (i + 1) + uid, prompt, params))
+        while sched.prefill.has_work:  # prefill everything first
+            sched.step()
+        run(3)
+        waited = sched.wait_seconds
+        per_step = run(args.steps)
+        waited = (sched.wait_seconds - waited) / args.steps
+        with profile(activities=acts) as prof:
+            run(args.profile_steps)
+        events = prof.key_averages()
+        device = torch.autograd.DeviceType.CUDA
+        kernel_us = sum(e.self_device_time_total for e in events if e.device_type == device)
+        kernel_ms = kernel_us / 1e3 / args.profile_steps
+        print(
+            f"decode: batch {bs}, context ~{args.prompt_len}: {per_step * 1e3:.2f} ms/step wall, "
+            f"{kernel_ms:.2f} ms/step of kernels, host busy {(per_step - waited) * 1e3:.2f} ms/step, "
+            f"{bs / per_step:,.0f} tok/s  (overlap={sched.overlap}, "
+            f"graphs={'on' if sched.engine.graph_runner else 'off'}, attention={sched.engine.attn_backend.name})",
+            flush=True,
+        )
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        print(events.table(sort_by=key, row_limit=30, max_name_column_width=90))
+        if args.host_profile:  # where the host's time goes, by Python function
+            import cProfile
+            import pstats
+
+            with cProfile.Profile() as host:
+                run(args.profile_steps)
+            pstats.Stats(host).sort_stats("tottime").print_stats(25)
+        if i == 0:
+            if cuda:
+                print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90))
+            if args.trace:
+                prof.export_chrome_trace(args.trace)
+        for uid in list(sched.reqs):
+            sched.abort(uid)
+        while sched.has_work:
+            sched.step()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.core import Batch
+from minisgl.kernels import triton_ops
 
 _M32 = 0xFFFFFFFF
 
@@ -105,9 +106,12 @@ class Sampler(ABC):
 
 class DefaultSampler(Sampler):
     def sample(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
         if info.all_greedy:
-            return greedy
+            return logits.argmax(dim=-1)
+        tri = triton_ops(logits)
+        if tri is not None and not (info.need_top_k or info.need_top_p):  # GPU: one kernel, same draw
+            return tri.sample(logits, info.temperatures, info.seeds, info.steps)
+        greedy = logits.argmax(dim=-1)
         cdf = filter_logits(logits, info).softmax(dim=-1).cumsum(dim=-1)
         target = uniform(info.seeds, info.steps).to(cdf.dtype)[:, None] * cdf[:, -1:]
         sampled = torch.searchsorted(cdf, target).squeeze(1).clamp_(max=logits.shape[-1] - 1)

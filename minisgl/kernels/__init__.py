@@ -1,5 +1,6 @@
 """Fused kernels. Each has a pure-torch fallback that computes the same thing; the fused version
-is used only where it exists (here: FlashInfer's CUDA kernels for half-precision tensors)."""
+is used only where it exists: FlashInfer's CUDA kernels and our Triton kernels (``triton_kernels``) for
+tensors on a GPU. ``MINISGL_FUSED_KERNELS=0`` turns them all off."""
 
 from __future__ import annotations
 
@@ -12,11 +13,29 @@ import torch
 
 @functools.cache
 def _flashinfer():
-    if os.environ.get("MINISGL_FUSED_KERNELS", "1") == "0" or importlib.util.find_spec("flashinfer") is None:
+    if not _enabled("flashinfer"):
         return None
     import flashinfer
 
     return flashinfer
+
+
+def _enabled(module: str) -> bool:
+    return os.environ.get("MINISGL_FUSED_KERNELS", "1") != "0" and importlib.util.find_spec(module) is not None
+
+
+@functools.cache
+def _triton():
+    if not _enabled("triton"):
+        return None
+    from minisgl.kernels import triton_kernels
+
+    return triton_kernels
+
+
+def triton_ops(x: torch.Tensor):
+    """``minisgl.kernels.triton_kernels`` when ``x`` is on a GPU and Triton is installed, else None."""
+    return _triton() if x.is_cuda else None
 
 
 def fused_ops(x: torch.Tensor):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.kernels import triton_ops
 from minisgl.layers import (
     AttentionLayer,
     MergedColumnParallelLinear,
@@ -44,12 +45,19 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split(self.qkv_proj.local_sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary[0](positions, q, k)
+        tri = triton_ops(qkv)
+        if tri is not None and tri.can_fuse(self.head_dim):  # GPU: norms + rope in one kernel
+            qw, kw = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+            eps = self.q_norm.eps if self.qk_norm else 0.0
+            rot = self.rotary[0].cos_sin
+            q, k = tri.qk_norm_rope(qkv, positions, rot, self.num_heads, self.num_kv_heads, self.head_dim, qw, kw, eps)
+        else:
+            q = q.view(-1, self.num_heads, self.head_dim)
+            k = k.view(-1, self.num_kv_heads, self.head_dim)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary[0](positions, q, k)
         o = self.attn(q, k, v)
         return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
 

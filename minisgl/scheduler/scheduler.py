@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,7 @@ class Scheduler:
         self.overlap = config.use_overlap  # on for CUDA by default; may be forced on CPU (tests)
         self._in_flight: tuple[Batch, torch.Tensor, torch.cuda.Event | None] | None = None
         self._seed_rng = random.Random(config.seed)
+        self.wait_seconds = 0.0  # host time spent waiting for the device's tokens (0 = host-bound)
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, uid: int, input_ids: list[int], sampling: SamplingParams) -> Req:
@@ -164,7 +166,9 @@ class Scheduler:
             done, tokens, ready = self._in_flight
             with nvtx_range("process"):
                 if ready is not None:
+                    t = time.perf_counter()
                     ready.synchronize()
+                    self.wait_seconds += time.perf_counter() - t
                 events = self.process(done, tokens)
         self._in_flight = launched
         if self.config.debug_checks and self._in_flight is None:

@@ -1,0 +1,202 @@
+"""Triton kernels for the GPU decode step (imported only where Triton and a GPU are present).
+
+A decode step of a small model is bound by kernel count, not by arithmetic: each kernel costs a
+few microseconds however little it does. These kernels each replace several:
+
+``qk_norm_rope``  q/k RMSNorm (Qwen3) + rotary, reading q and k straight out of the fused qkv
+                  projection: one kernel instead of two copies, two norms and one rope.
+``store_kv``      K and V of the new tokens into their pool slots: one kernel instead of two scatters.
+``sample``        temperature sampling by inverse CDF, with the counter-based uniform of
+                  ``minisgl.engine.sample``: one kernel instead of about thirty.
+
+Each computes what the pure-torch code computes (tests compare them) and is batch-invariant: a
+row's result never depends on the other rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr,
+    qkv_stride,
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cos_sin_ptr,
+    cos_sin_stride,
+    qw_ptr,
+    kw_ptr,
+    eps,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    HP: tl.constexpr,
+    NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    half: tl.constexpr = D // 2
+    heads = tl.arange(0, HP)[:, None]
+    d = tl.arange(0, half)[None, :]
+    valid = heads < H + KV
+    src = qkv_ptr + t * qkv_stride + heads * D + d  # q heads then k heads, back to back in qkv
+    x1 = tl.load(src, mask=valid, other=0.0)
+    dtype = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = tl.load(src + half, mask=valid, other=0.0).to(tl.float32)
+    if NORM:  # per-head RMSNorm, rounded to the activation dtype like the unfused norm's output
+        r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+        is_q = heads < H
+        w1 = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(qw_ptr + half + d), tl.load(kw_ptr + half + d)).to(tl.float32)
+        x1 = (x1 * r * w1).to(dtype).to(tl.float32)
+        x2 = (x2 * r * w2).to(dtype).to(tl.float32)
+    pos = tl.load(pos_ptr + t)
+    cos = tl.load(cos_sin_ptr + pos * cos_sin_stride + d)
+    sin = tl.load(cos_sin_ptr + pos * cos_sin_stride + half + d)
+    o1 = (x1 * cos - x2 * sin).to(dtype)
+    o2 = (x2 * cos + x1 * sin).to(dtype)
+    is_q = heads < H
+    q_dst = q_ptr + t * (H * D) + heads * D + d
+    tl.store(q_dst, o1, mask=is_q)
+    tl.store(q_dst + half, o2, mask=is_q)
+    is_k = (heads >= H) & valid
+    k_dst = k_ptr + t * (KV * D) + (heads - H) * D + d
+    tl.store(k_dst, o1, mask=is_k)
+    tl.store(k_dst + half, o2, mask=is_k)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, k)`` as contiguous ``[tokens, heads, head_dim]``: the q and k parts of ``qkv``
+    (``[tokens, (heads + 2 * kv_heads) * head_dim]``, rows may be strided), RMS-normalised per head
+    when weights are given, then rotated with the ``[cos | sin]`` table at ``positions``."""
+    n = qkv.shape[0]
+    q = torch.empty(n, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(n, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if n == 0:
+        return q, k
+    norm = q_weight is not None
+    _qk_norm_rope_kernel[(n,)](
+        qkv,
+        qkv.stride(0),
+        q,
+        k,
+        positions,
+        cos_sin,
+        cos_sin.stride(0),
+        q_weight if norm else cos_sin,
+        k_weight if norm else cos_sin,
+        eps,
+        H=num_heads,
+        KV=num_kv_heads,
+        D=head_dim,
+        HP=triton.next_power_of_2(num_heads + num_kv_heads),
+        NORM=norm,
+    )
+    return q, k
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr, v_ptr, k_stride, v_stride, loc_ptr, k_cache_ptr, v_cache_ptr, N: tl.constexpr, BLOCK: tl.constexpr
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(loc_ptr + t).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    tl.store(k_cache_ptr + slot * N + offs, tl.load(k_ptr + t * k_stride + offs, mask=m), mask=m)
+    tl.store(v_cache_ptr + slot * N + offs, tl.load(v_ptr + t * v_stride + offs, mask=m), mask=m)
+
+
+def store_kv(k_slots: torch.Tensor, v_slots: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``k_slots[loc] = k; v_slots[loc] = v`` for ``[n, kv_heads, head_dim]`` rows whose heads are
+    contiguous (the rows themselves may be strided, like views into the qkv projection)."""
+    n = k.shape[0]
+    if n:
+        w = k[0].numel()
+        _store_kv_kernel[(n,)](
+            k, v, k.stride(0), v.stride(0), loc, k_slots, v_slots, N=w, BLOCK=triton.next_power_of_2(w)
+        )
+
+
+def can_fuse(head_dim: int, k: torch.Tensor | None = None) -> bool:
+    """The kernels index heads with power-of-two ranges, and rows as contiguous heads."""
+    if head_dim & (head_dim - 1):
+        return False
+    return k is None or (k.stride(-1) == 1 and k.stride(-2) == head_dim)
+
+
+@triton.jit
+def _mix32(x):
+    x = ((x >> 16) ^ x) * 0x45D9F3B
+    x = ((x >> 16) ^ x) * 0x45D9F3B
+    return (x >> 16) ^ x
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, stride, temps_ptr, seeds_ptr, steps_ptr, out_ptr, V: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride
+    temp = tl.load(temps_ptr + row)
+    inv_t = 1.0 / tl.where(temp > 0, temp, 1.0)
+    offs = tl.arange(0, BLOCK)
+    # pass 1: the row's max (and its first index: the greedy token) and the softmax normaliser
+    m = tl.full((), float("-inf"), tl.float32)
+    best = tl.full((), 0, tl.int64)
+    for start in range(0, V, BLOCK):
+        x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
+        cm = tl.max(x, 0)
+        ci = tl.min(tl.where(x == cm, start + offs, V), 0)
+        best = tl.where(cm > m, ci, best)
+        m = tl.maximum(m, cm)
+    if temp > 0:
+        # the uniform of minisgl.engine.sample.uniform, bit for bit (uint32 products wrap mod 2^32)
+        seed = tl.load(seeds_ptr + row).to(tl.uint64)
+        step = tl.load(steps_ptr + row).to(tl.uint64)
+        lo = _mix32(_mix32(seed.to(tl.uint32)) ^ step.to(tl.uint32))
+        lo = _mix32(lo ^ (seed >> 32).to(tl.uint32))
+        hi = _mix32(lo ^ 0x5BD1E995)
+        bits = ((hi >> 12).to(tl.uint64) << 32) | lo.to(tl.uint64)
+        u = ((bits.to(tl.float64) + 0.5) * (1.0 / 4503599627370496.0)).to(tl.float32)
+        total = tl.zeros((), tl.float32)
+        for start in range(0, V, BLOCK):
+            x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
+            total += tl.sum(tl.exp((x - m) * inv_t), 0)
+        # pass 2: the first token whose cumulative probability reaches u
+        target = u * total
+        run = tl.zeros((), tl.float32)
+        pick = tl.full((), V, tl.int64)
+        last = tl.full((), 0, tl.int64)  # if rounding leaves target above the sum: the last possible token
+        for start in range(0, V, BLOCK):
+            x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
+            p = tl.exp((x - m) * inv_t)
+            c = run + tl.cumsum(p, 0)
+            pick = tl.minimum(pick, tl.min(tl.where(c >= target, start + offs, V), 0))
+            last = tl.maximum(last, tl.max(tl.where(p > 0, start + offs, 0), 0))
+            run += tl.sum(p, 0)
+        best = tl.where(pick < V, pick, last)
+    tl.store(out_ptr + row, best)
+
+
+def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Token ids ``[B]`` (int64): argmax for rows with temperature 0, else an inverse-CDF draw from
+    ``softmax(logits / T)`` with ``u = uniform(seed, step)``."""
+    b, v = logits.shape
+    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    if b:
+        _sample_kernel[(b,)](logits, logits.stride(0), temperatures, seeds, steps, out, V=v, BLOCK=4096, num_warps=8)
+    return out

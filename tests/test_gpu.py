@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 from conftest import save_tiny_model
+from greedy_compare import LogitRecorder, compare_greedy
 from hf_ref import hf_greedy
 
 from minisgl import LLM, SamplingParams
@@ -20,7 +21,8 @@ from minisgl import LLM, SamplingParams
 pytestmark = pytest.mark.gpu
 
 # bf16 logits of these models are O(10) (an ulp is 0.06): kernels that sum in different orders differ
-# by a few ulps (0.28 seen between fi and torch on an H200)
+# by a few ulps (0.28 seen between fi and torch on an H200). The two best logits of a random model
+# are often closer than that (0.011 at one step of the tiny Llama), so greedy tokens may split there.
 LOGIT_ATOL = 0.5
 
 
@@ -42,30 +44,23 @@ def prompts() -> list[list[int]]:
     return [base + r(20), base + r(5), r(7), base[:30], r(150), list(base + r(3))]
 
 
-class Recorder:
-    """Wraps the engine's sampler to keep every batch's logits."""
-
-    def __init__(self, inner):
-        self.inner, self.logits = inner, []
-
-    def sample(self, logits, info):
-        self.logits.append(logits.float().cpu())
-        return self.inner.sample(logits, info)
-
-
 def run(path, **cfg):
+    """Greedy tokens of ``prompts()`` in two waves (the second hits the prefix cache), the logits
+    of every sampled token, and the LLM."""
     llm = LLM(str(path), dtype=cfg.pop("dtype", "bfloat16"), device="cuda", num_pages=4096, **cfg)
-    rec = Recorder(llm.scheduler.engine.sampler)
-    llm.scheduler.engine.sampler = rec
+    rec = LogitRecorder(llm.scheduler.engine)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     ps = prompts()
     first = llm.generate(ps[:3], params, use_tqdm=False)  # ragged prefill batches, a chunked prompt
-    # logits are compared on the first wave only: in the second, prefix hits depend on the page
-    # size, so mid-prompt chunks end at different tokens (their logits are never sampled)
-    logits = list(rec.logits)
     second = llm.generate(ps[3:], params, use_tqdm=False)  # prefix hits (radix), a chunked prompt
     llm.scheduler.check_memory()
-    return [o.token_ids for o in first + second], logits, llm
+    return [o.token_ids for o in first + second], rec, llm
+
+
+def assert_same_greedy(got, ref) -> None:
+    """Tokens and logits agree up to bf16 near-ties (see greedy_compare)."""
+    share = compare_greedy(prompts(), got[0], got[1], ref[0], ref[1], LOGIT_ATOL)
+    assert share >= 0.25, f"near-ties cut the comparison to {share:.0%} of the tokens"
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +90,10 @@ def test_backend_matches_torch(gpu_models, references, model, backend, page, gra
         overlap_scheduling=overlap,
         max_prefill_length=64,
     )
-    ref_tokens, ref_logits = references[model]
     assert llm.scheduler.engine.attn_backend.name == backend
     assert (llm.scheduler.engine.graph_runner is not None) == (graphs > 0 and backend != "torch")
     assert llm.cache_stats.hit_tokens > 0
-    assert len(logits) == len(ref_logits)
-    for step, (a, b) in enumerate(zip(logits, ref_logits)):
-        err = float((a - b).abs().max())
-        assert err < LOGIT_ATOL, f"step {step}: logits differ from the torch backend by {err:.3f}"
-    assert tokens == ref_tokens
+    assert_same_greedy((tokens, logits), references[model])
 
 
 def test_flashinfer_refuses_float32(gpu_models):
@@ -131,12 +121,13 @@ def test_hf_parity_on_gpu_float32(gpu_models, model):
 
 
 def test_graph_replay_is_used_and_padding_is_harmless(gpu_models):
-    """Batches of 3 and 5 run through the graphs of 4 and 8 and give the eager tokens."""
-    eager = run(gpu_models["llama"], attention_backend="fi", cuda_graph_max_bs=0, overlap_scheduling=False)[0]
-    tokens, _, llm = run(gpu_models["llama"], attention_backend="fi", cuda_graph_max_bs=8, overlap_scheduling=False)
+    """Batches of 3 and 5 run through the graphs of 4 and 8 and give the eager tokens (up to near-ties)."""
+    llama = gpu_models["llama"]
+    eager = run(llama, attention_backend="fi", cuda_graph_max_bs=0, overlap_scheduling=False)[:2]
+    tokens, logits, llm = run(llama, attention_backend="fi", cuda_graph_max_bs=8, overlap_scheduling=False)
     runner = llm.scheduler.engine.graph_runner
     assert runner.sizes == [1, 2, 4, 8]
-    assert tokens == eager
+    assert_same_greedy((tokens, logits), eager)
 
 
 # ---- fused kernels in the whole engine (kernel-level tests: test_triton_kernels.py) --------------
@@ -144,7 +135,8 @@ def test_graph_replay_is_used_and_padding_is_harmless(gpu_models):
 
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
 def test_fused_kernels_keep_the_unfused_tokens(gpu_models, model, monkeypatch):
-    """The whole engine with FlashInfer's and our Triton kernels off gives the same greedy tokens."""
+    """The whole engine with FlashInfer's and our Triton kernels off gives the same greedy tokens (up to
+    near-ties)."""
     import minisgl.kernels as kernels
 
     fused, fused_logits, _ = run(gpu_models[model], attention_backend="fa3,fi", cuda_graph_max_bs=8)
@@ -156,6 +148,4 @@ def test_fused_kernels_keep_the_unfused_tokens(gpu_models, model, monkeypatch):
         monkeypatch.delenv("MINISGL_FUSED_KERNELS")
         kernels._triton.cache_clear(), kernels._flashinfer.cache_clear()
     assert kernels.triton_ops(torch.zeros(1, device="cuda")) is not None
-    for a, b in zip(fused_logits, plain_logits):
-        assert float((a - b).abs().max()) < LOGIT_ATOL
-    assert fused == plain
+    assert_same_greedy((fused, fused_logits), (plain, plain_logits))

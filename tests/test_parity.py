@@ -133,3 +133,26 @@ def test_embedded_model_matches_hf(embedded_path, embedded_refs, cfg):
         assert out.token_ids == refs[i]
         assert (out.cached_tokens > 0) == (cfg["cache_type"] == "radix")
     llm.scheduler.check_memory()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_bfloat16_agrees_with_float32(kind, tmp_path):
+    """The CPU default dtype (bf16 where the CPU has it) against float32 on the same model: logits
+    within 1.0 (bf16 rounds the weights too) and tokens equal up to near-ties (greedy_compare)."""
+    from conftest import save_tiny_model
+    from greedy_compare import LogitRecorder, compare_greedy
+
+    path = save_tiny_model(
+        kind, tmp_path, tokenizer=False, vocab_size=4096, hidden_size=256, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=128,
+    )  # fmt: skip
+    distinct = dict.fromkeys(tuple(t % 4096 for t in p[:60]) for p in shared_prefix_prompts())
+    prompts = [list(p) for p in distinct]
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        llm = LLM(str(path), dtype=dtype, num_pages=2048, max_prefill_length=64)
+        rec = LogitRecorder(llm.scheduler.engine)
+        outs = llm.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True), use_tqdm=False)
+        runs[dtype] = ([o.token_ids for o in outs], rec)
+    share = compare_greedy(prompts, *runs["bfloat16"], *runs["float32"], atol=1.0)
+    assert share >= 0.25, f"near-ties cut the comparison to {share:.0%} of the tokens"

@@ -5,12 +5,15 @@
 set -uo pipefail
 RESULTS=${RESULTS:-minisgl/benchmark/results/h200.json}
 what=${1:-all}
-bench() { python -m minisgl.benchmark.offline --workload nano --dummy-weight --quiet --json "$RESULTS" "$@"; }
+# each run is a fresh process; its start-up (imports, dummy weights, KV pool, graph capture) is not in
+# the measured seconds but is in the wall time, so leave each run a few minutes
+bench() { date +%T; python -m minisgl.benchmark.offline --workload nano --dummy-weight --quiet --json "$RESULTS" "$@"; }
 for model in Qwen3-0.6B Qwen3-14B; do
   case "$what" in all|${model#Qwen3-}) ;; *) continue ;; esac
   bench --model "$model" --tag "default"
   MINISGL_DISABLE_OVERLAP_SCHEDULING=1 bench --model "$model" --tag "no-overlap"
   bench --model "$model" --cuda-graph-max-bs 0 --tag "no-cuda-graph"
+  MINISGL_FUSED_KERNELS=0 bench --model "$model" --tag "no-fused-kernels"
 done
 if [ "$what" = all ] || [ "$what" = hf ]; then
   # HF transformers generate on the same requests: the first 64, in static batches of 64

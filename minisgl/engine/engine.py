@@ -18,6 +18,7 @@ from minisgl.kvcache.pool import KVPool
 from minisgl.models.config import KNOWN_CONFIGS, ModelConfig
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.weights import init_dummy_weights, load_weights
+from minisgl.utils import nvtx_range
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,8 @@ class Engine:
             else:
                 self.attn_backend.prepare_metadata(batch)
                 logits = self.model(batch.input_ids, batch.positions, batch.logit_idx)
-        return self.sampler.sample(logits[: batch.size], info)
+        with nvtx_range("sample"):
+            return self.sampler.sample(logits[: batch.size], info)
 
     def shutdown(self) -> None:
         from minisgl.distributed import destroy_distributed

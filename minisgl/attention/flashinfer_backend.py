@@ -100,30 +100,12 @@ class FlashInferBackend(AttentionBackend):
             self._plan_copied.synchronize()
         kv_indptr, kv_indices, last_len = self._kv_layout(rows, ends)
         common = dict(q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype, sm_scale=self.scale)
-        if qo_indptr is None:
-            wrapper.plan(
-                kv_indptr,
-                kv_indices,
-                last_len,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                self.pool.page_size,
-                **common,
-            )
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size)
+        layout = (kv_indptr, kv_indices, last_len, *heads)
+        if qo_indptr is None:  # decode
+            wrapper.plan(*layout, **common)
         else:
-            wrapper.plan(
-                qo_indptr,
-                kv_indptr,
-                kv_indices,
-                last_len,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                self.pool.page_size,
-                causal=True,
-                **common,
-            )
+            wrapper.plan(qo_indptr, *layout, causal=True, **common)
         self._plan_copied = torch.cuda.Event()
         self._plan_copied.record()
 

@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> None:
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     rng = random.Random(0)
+    total_steps = args.steps + args.profile_steps + 5
     for i, bs in enumerate(sizes):
-        total_steps = args.steps + args.profile_steps + 5
         for uid in range(bs):
             prompt = [rng.randrange(0, 10000) for _ in range(args.prompt_len)]
             params = SamplingParams(temperature=args.temperature, max_tokens=total_steps + 10, ignore_eos=True)

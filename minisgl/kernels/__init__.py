@@ -11,6 +11,10 @@ import os
 import torch
 
 
+def _enabled(module: str) -> bool:
+    return os.environ.get("MINISGL_FUSED_KERNELS", "1") != "0" and importlib.util.find_spec(module) is not None
+
+
 @functools.cache
 def _flashinfer():
     if not _enabled("flashinfer"):
@@ -18,10 +22,6 @@ def _flashinfer():
     import flashinfer
 
     return flashinfer
-
-
-def _enabled(module: str) -> bool:
-    return os.environ.get("MINISGL_FUSED_KERNELS", "1") != "0" and importlib.util.find_spec(module) is not None
 
 
 @functools.cache

@@ -48,9 +48,9 @@ def _qk_norm_rope_kernel(
     dtype = x1.dtype
     x1 = x1.to(tl.float32)
     x2 = tl.load(src + half, mask=valid, other=0.0).to(tl.float32)
+    is_q = heads < H
     if NORM:  # per-head RMSNorm, rounded to the activation dtype like the unfused norm's output
         r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-        is_q = heads < H
         w1 = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
         w2 = tl.where(is_q, tl.load(qw_ptr + half + d), tl.load(kw_ptr + half + d)).to(tl.float32)
         x1 = (x1 * r * w1).to(dtype).to(tl.float32)
@@ -60,7 +60,6 @@ def _qk_norm_rope_kernel(
     sin = tl.load(cos_sin_ptr + pos * cos_sin_stride + half + d)
     o1 = (x1 * cos - x2 * sin).to(dtype)
     o2 = (x2 * cos + x1 * sin).to(dtype)
-    is_q = heads < H
     q_dst = q_ptr + t * (H * D) + heads * D + d
     tl.store(q_dst, o1, mask=is_q)
     tl.store(q_dst + half, o2, mask=is_q)
@@ -154,15 +153,21 @@ def _sample_kernel(logits_ptr, stride, temps_ptr, seeds_ptr, steps_ptr, out_ptr,
     temp = tl.load(temps_ptr + row)
     inv_t = 1.0 / tl.where(temp > 0, temp, 1.0)
     offs = tl.arange(0, BLOCK)
-    # pass 1: the row's max (and its first index: the greedy token) and the softmax normaliser
+    # pass 1: the row's max (and its first index: the greedy token) and the softmax normaliser,
+    # rescaled whenever the running max grows (online softmax), so the row is read once for both
     m = tl.full((), float("-inf"), tl.float32)
     best = tl.full((), 0, tl.int64)
+    total = tl.zeros((), tl.float32)
     for start in range(0, V, BLOCK):
         x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
         cm = tl.max(x, 0)
         ci = tl.min(tl.where(x == cm, start + offs, V), 0)
         best = tl.where(cm > m, ci, best)
-        m = tl.maximum(m, cm)
+        new_m = tl.maximum(m, cm)
+        # where a max is still -inf, its difference is nan: those terms are 1 (scale) and 0 (exp)
+        scale = tl.where(m == new_m, 1.0, tl.exp((m - new_m) * inv_t))
+        total = total * scale + tl.sum(tl.where(x > float("-inf"), tl.exp((x - new_m) * inv_t), 0.0), 0)
+        m = new_m
     if temp > 0:
         # the uniform of minisgl.engine.sample.uniform, bit for bit (uint32 products wrap mod 2^32)
         seed = tl.load(seeds_ptr + row).to(tl.uint64)
@@ -172,10 +177,6 @@ def _sample_kernel(logits_ptr, stride, temps_ptr, seeds_ptr, steps_ptr, out_ptr,
         hi = _mix32(lo ^ 0x5BD1E995)
         bits = ((hi >> 12).to(tl.uint64) << 32) | lo.to(tl.uint64)
         u = ((bits.to(tl.float64) + 0.5) * (1.0 / 4503599627370496.0)).to(tl.float32)
-        total = tl.zeros((), tl.float32)
-        for start in range(0, V, BLOCK):
-            x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
-            total += tl.sum(tl.exp((x - m) * inv_t), 0)
         # pass 2: the first token whose cumulative probability reaches u
         target = u * total
         run = tl.zeros((), tl.float32)

@@ -20,7 +20,7 @@ import argparse
 import platform
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,7 +69,8 @@ def run_minisgl(w: Workload, args: argparse.Namespace, engine_args: dict) -> dic
     from minisgl import LLM
 
     llm = LLM(args.model, **engine_args)
-    llm.generate(w.prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up (JIT, graphs)
+    # warm-up with the workload's own sampling parameters, so every JIT kernel it uses compiles here
+    llm.generate(w.prompts[:2], [replace(p, max_tokens=4) for p in w.params[:2]], use_tqdm=False)
     llm.scheduler.stats.__init__()
     sync(llm.scheduler.device)
     t = time.perf_counter()

@@ -115,6 +115,7 @@ class Engine:
             from minisgl.engine.graph import GraphRunner
 
             self.graph_runner = GraphRunner.create(self)
+            self._compile_sampler()
 
     def _load_model(self) -> DecoderForCausalLM:
         prev = torch.get_default_dtype()
@@ -154,6 +155,23 @@ class Engine:
             self.dtype,
         )
         return pages
+
+    def _compile_sampler(self) -> None:
+        """Sample once from dummy logits so the sampler's JIT kernels compile now, at start-up, and not
+        inside the first request that asks for a temperature (about a second with Triton)."""
+        vocab = self.model_config.vocab_size
+        one = lambda v, dt: torch.tensor([v], dtype=dt, device=self.device)
+        info = SamplingInfo(
+            one(1.0, torch.float32),
+            one(vocab, torch.int64),
+            one(1.0, torch.float32),
+            one(0, torch.int64),
+            one(0, torch.int64),
+            all_greedy=False,
+            need_top_k=False,
+            need_top_p=False,
+        )
+        self.sampler.sample(torch.zeros(1, vocab, device=self.device), info)
 
     @torch.inference_mode()
     def forward_batch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:

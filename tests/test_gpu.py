@@ -24,6 +24,11 @@ pytestmark = pytest.mark.gpu
 # by a few ulps (0.28 seen between fi and torch on an H200). The two best logits of a random model
 # are often closer than that (0.011 at one step of the tiny Llama), so greedy tokens may split there.
 LOGIT_ATOL = 0.5
+# The fused kernels change more than summation order: norms and rope in float32 with one rounding, rope
+# from the float32 table. Each bf16 path is up to 0.42 (unfused) / 0.57 (fused) from the float32 logits
+# at the tiny Llama's first pass (measured on CPU with the Triton interpreter), so two of them can be ~1
+# apart; a wrong rope or norm is off by several units and splits tokens that are not near-ties.
+FUSED_LOGIT_ATOL = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +62,9 @@ def run(path, **cfg):
     return [o.token_ids for o in first + second], rec, llm
 
 
-def assert_same_greedy(got, ref) -> None:
+def assert_same_greedy(got, ref, atol: float = LOGIT_ATOL) -> None:
     """Tokens and logits agree up to bf16 near-ties (see greedy_compare)."""
-    share = compare_greedy(prompts(), got[0], got[1], ref[0], ref[1], LOGIT_ATOL)
+    share = compare_greedy(prompts(), got[0], got[1], ref[0], ref[1], atol)
     assert share >= 0.25, f"near-ties cut the comparison to {share:.0%} of the tokens"
 
 
@@ -148,4 +153,4 @@ def test_fused_kernels_keep_the_unfused_tokens(gpu_models, model, monkeypatch):
         monkeypatch.delenv("MINISGL_FUSED_KERNELS")
         kernels._triton.cache_clear(), kernels._flashinfer.cache_clear()
     assert kernels.triton_ops(torch.zeros(1, device="cuda")) is not None
-    assert_same_greedy((fused, fused_logits), (plain, plain_logits))
+    assert_same_greedy((fused, fused_logits), (plain, plain_logits), FUSED_LOGIT_ATOL)

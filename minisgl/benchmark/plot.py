@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.results:
         for run in json.load(open(path)):
             panels[f"{run['model']} · {run['workload']} · {run.get('device', '')}"].append(run)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 1.2 + 0.45 * sum(map(len, panels.values()))), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.2 + 0.45 * sum(map(len, panels.values()))), squeeze=False)
     for ax, (title, runs) in zip(axes[:, 0], panels.items()):
         labels = [f"{r['engine']} {r['tag']}".strip() for r in runs]
         values = [r["throughput"] for r in runs]

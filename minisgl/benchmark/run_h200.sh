@@ -7,7 +7,9 @@ RESULTS=${RESULTS:-minisgl/benchmark/results/h200.json}
 what=${1:-all}
 # each run is a fresh process; its start-up (imports, dummy weights, KV pool, graph capture) is not in
 # the measured seconds but is in the wall time, so leave each run a few minutes
-bench() { date +%T; python -m minisgl.benchmark.offline --workload nano --dummy-weight --quiet --json "$RESULTS" "$@"; }
+# two identical single runs once differed by 7.5%, so each configuration is timed $REPEATS times (median)
+REPEATS=${REPEATS:-3}
+bench() { date +%T; python -m minisgl.benchmark.offline --workload nano --dummy-weight --quiet --repeats "$REPEATS" --json "$RESULTS" "$@"; }
 for model in Qwen3-0.6B Qwen3-14B; do
   case "$what" in all|${model#Qwen3-}) ;; *) continue ;; esac
   bench --model "$model" --tag "default"

@@ -39,6 +39,12 @@ class CacheManager:
         offs = torch.arange(self.page_size, dtype=torch.int64)
         return (pages[:, None] * self.page_size + offs[None, :]).flatten()
 
+    def flush(self) -> None:
+        """Evict every cached prefix that no running request holds (a benchmark starts each timed
+        run from an empty cache this way)."""
+        if self.cache.evictable_size:
+            self.free_slots(self.cache.evict(self.cache.evictable_size))
+
     def free_slots(self, slots: torch.Tensor) -> None:
         """Give page-aligned runs of slots back to the allocator."""
         self.allocator.free(self.allocator.pages_of(slots))

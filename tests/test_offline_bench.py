@@ -1,0 +1,31 @@
+"""The offline benchmark times every run from an empty prefix cache: neither the warm-up nor an
+earlier repeat may hand the timed run cached prompts."""
+
+from __future__ import annotations
+
+from minisgl import LLM, SamplingParams
+from minisgl.benchmark.offline import main
+
+
+def test_flush_forgets_cached_prefixes_and_keeps_accounting(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", debug_checks=True, num_pages=512)
+    prompt, params = list(range(10, 90)), SamplingParams(max_tokens=3)
+    llm.generate([prompt], params, use_tqdm=False)
+    assert llm.generate([prompt], params, use_tqdm=False)[0].cached_tokens > 0
+    llm.scheduler.cache.flush()
+    llm.scheduler.check_memory()
+    assert llm.scheduler.cache.cache.evictable_size == 0
+    assert llm.scheduler.cache.allocator.num_free == llm.scheduler.engine.num_pages
+    assert llm.generate([prompt], params, use_tqdm=False)[0].cached_tokens == 0
+
+
+def test_repeats_start_from_an_empty_cache(tiny_llama, tmp_path):
+    args = ["--model", str(tiny_llama), "--workload", "shared", "--num-requests", "4", "--quiet"]
+    args += ["--max-prefill-length", "128", "--json", str(tmp_path / "r.json")]
+    once = main(args + ["--repeats", "1"])
+    twice = main(args + ["--repeats", "2"])
+    assert len(once["seconds_all"]) == 1 and len(twice["seconds_all"]) == 2
+    assert sorted(twice["seconds_all"])[0] <= twice["seconds"] <= sorted(twice["seconds_all"])[-1]
+    # the second repeat computed the shared 512-token prefix again, exactly like a single run
+    assert twice["prefill_tokens"] == once["prefill_tokens"] >= 512
+    assert twice["output_tokens"] == once["output_tokens"] == 4 * 32

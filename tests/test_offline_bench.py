@@ -3,6 +3,8 @@ earlier repeat may hand the timed run cached prompts."""
 
 from __future__ import annotations
 
+import pytest
+
 from minisgl import LLM, SamplingParams
 from minisgl.benchmark.offline import main
 
@@ -29,3 +31,9 @@ def test_repeats_start_from_an_empty_cache(tiny_llama, tmp_path):
     # the second repeat computed the shared 512-token prefix again, exactly like a single run
     assert twice["prefill_tokens"] == once["prefill_tokens"] >= 512
     assert twice["output_tokens"] == once["output_tokens"] == 4 * 32
+
+
+def test_repeats_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--repeats", "0"])
+    assert "--repeats must be at least 1" in capsys.readouterr().err

@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tag", default="", help="a label stored with the result")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -28,6 +28,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# the tiny models at head_dim 128 (what FlashInfer and the Triton kernels need), for the GPU tests
+# and the bf16-vs-float32 test
+HEAD_DIM_128 = dict(vocab_size=4096, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+
+
 def save_tiny_model(kind: str, path: Path, tokenizer: bool = True, **overrides) -> Path:
     """A random model (``autograder.models.CONFIGS``: Llama with llama3 rope scaling, Qwen3 with
     head_dim != hidden/heads) with a copy of the embedded tokenizer (same vocabulary size, so text

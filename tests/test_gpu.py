@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from conftest import save_tiny_model
+from conftest import HEAD_DIM_128, save_tiny_model
 from greedy_compare import LogitRecorder, compare_greedy
 from hf_ref import hf_greedy
 
@@ -34,12 +34,9 @@ FUSED_LOGIT_ATOL = 1.0
 
 @pytest.fixture(scope="module")
 def gpu_models(tmp_path_factory):
-    common = dict(
-        tokenizer=False, vocab_size=4096, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128
-    )
     return {
-        "llama": save_tiny_model("llama", tmp_path_factory.mktemp("gpu-llama"), **common),
-        "qwen3": save_tiny_model("qwen3", tmp_path_factory.mktemp("gpu-qwen3"), **common),
+        "llama": save_tiny_model("llama", tmp_path_factory.mktemp("gpu-llama"), tokenizer=False, **HEAD_DIM_128),
+        "qwen3": save_tiny_model("qwen3", tmp_path_factory.mktemp("gpu-qwen3"), tokenizer=False, **HEAD_DIM_128),
     }
 
 

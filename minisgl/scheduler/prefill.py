@@ -76,10 +76,11 @@ class PrefillManager:
 
     def _admit(self, req: Req, reserved_pages: int, batch_prompts: list[list[int]]) -> bool:
         # match all but the last prompt token: a full hit must still compute that token's logits
-        match = self.cache.match(req.input_ids[: req.prompt_len - 1])
+        matchable = req.input_ids[: req.prompt_len - 1]
+        match = self.cache.match(matchable)
         if self.cache.cache.shares_prefixes and batch_prompts:
             # a longer prefix is being computed in this batch: wait one batch and reuse it
-            shared = max(common_prefix_len(p, req.input_ids[: req.prompt_len - 1]) for p in batch_prompts)
+            shared = max(common_prefix_len(p, matchable) for p in batch_prompts)
             if self.cache.cache.aligned(shared) > match.length:
                 return False
         self.cache.cache.lock(match.handle)  # locking first: it may turn evictable pages protected

@@ -99,6 +99,15 @@ def test_backend_matches_torch(gpu_models, references, model, backend, page, gra
     assert_same_greedy((tokens, logits), references[model])
 
 
+@pytest.mark.parametrize("page", [1, 16])
+def test_cuda_core_decode_matches_torch(gpu_models, references, page, monkeypatch):
+    """The CUDA-core decode kernel (``MINISGL_FI_TENSOR_CORES=0``; tensor cores are the default)."""
+    monkeypatch.setenv("MINISGL_FI_TENSOR_CORES", "0")
+    tokens, logits, llm = run(gpu_models["qwen3"], attention_backend="fi", page_size=page, cuda_graph_max_bs=8)
+    assert not llm.scheduler.engine.attn_backend.tensor_cores
+    assert_same_greedy((tokens, logits), references["qwen3"])
+
+
 def test_flashinfer_refuses_float32(gpu_models):
     with pytest.raises(ValueError, match="bfloat16"):
         LLM(str(gpu_models["llama"]), dtype="float32", attention_backend="fi", device="cuda", num_pages=64)
@@ -108,7 +117,10 @@ def test_auto_picks_fa3_fi_on_hopper(gpu_models):
     llm = LLM(str(gpu_models["qwen3"]), device="cuda", cuda_graph_max_bs=4, num_pages=1024)
     expected = "fa3,fi" if torch.cuda.get_device_capability()[0] == 9 else "fi"
     assert llm.scheduler.engine.attn_backend.name == expected
+    backend = llm.scheduler.engine.attn_backend
+    assert getattr(backend, "decode", backend).tensor_cores
     assert llm.scheduler.engine.dtype == torch.bfloat16 and llm.scheduler.overlap
+    assert llm.scheduler.page_size == llm.scheduler.engine.kv_pool.page_size == 16
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen3"])

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--model", default=None)
     ap.add_argument("--dummy-weight", action="store_true")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on FlashInfer, else 1)")
     ap.add_argument("--prompt-len", type=int, default=4096)
     ap.add_argument("--chunks", nargs="+", default=["256", "1024", "none"], help="chunk sizes; 'none' = unlimited")
     ap.add_argument("--json", default=None)
@@ -126,9 +126,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             str(args.prompt_len),
             "--dtype",
             args.dtype,
-            "--page-size",
-            str(args.page_size),
         ]
+        cmd += ["--page-size", str(args.page_size)] if args.page_size else []
         cmd += ["--model", args.model] if args.model else []
         cmd += ["--dummy-weight"] if args.dummy_weight else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--profile-steps", type=int, default=10)
-    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on FlashInfer, else 1)")
     ap.add_argument("--attention-backend", "--attn", default="auto")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=0.6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -16,7 +17,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda
     tp_size: int = 1
-    page_size: int = 1
+    page_size: int | None = None  # tokens per KV page; None = 16 where FlashInfer decodes, else 1
     num_pages: int | None = None  # KV pool size; None = from memory_ratio (GPU) or a CPU default
     memory_ratio: float = 0.9  # GPU: fraction of the memory free after loading weights given to KV
     max_running_requests: int = 256
@@ -34,6 +35,8 @@ class EngineConfig:
     dist_init_method: str = ""
 
     def __post_init__(self) -> None:
+        if self.page_size is None:
+            self.page_size = self._default_page_size()
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.tp_size < 1:
@@ -68,6 +71,17 @@ class EngineConfig:
         if kind == "cuda":
             return torch.device("cuda", self.tp_rank % max(1, torch.cuda.device_count()))
         return torch.device(kind)
+
+    def _default_page_size(self) -> int:
+        """16 when FlashInfer runs decode: its kernels read a ragged batch's KV faster in 16-token
+        pages (Qwen3-0.6B on an H200, Nano-vLLM workload: decode 4% faster than with 1-token pages).
+        1 for the torch backend, the course's CPU path, where a page is a token and the radix cache
+        shares prefixes token by token."""
+        decode = self.attention_backend.split(",")[-1]
+        if decode == "auto":
+            on_gpu = self.torch_device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+            return 16 if on_gpu else 1
+        return 1 if decode == "torch" else 16
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--cache-type", "--cache", dest="cache_type", default="radix", choices=["radix", "naive"], help="prefix cache"
     )
-    ap.add_argument("--page-size", type=int, default=1, help="tokens per KV page (default 1)")
+    ap.add_argument(
+        "--page-size", type=int, default=None, help="tokens per KV page (default 16 with FlashInfer decode, else 1)"
+    )
     ap.add_argument("--num-pages", type=int, default=None, help="KV pool size in pages (default: from memory)")
     ap.add_argument(
         "--memory-ratio",

@@ -7,7 +7,7 @@ few microseconds however little it does. These kernels each replace several:
                   projection: one kernel instead of two copies, two norms and one rope.
 ``store_kv``      K and V of the new tokens into their pool slots: one kernel instead of two scatters.
 ``sample``        temperature sampling by inverse CDF, with the counter-based uniform of
-                  ``minisgl.engine.sample``: one kernel instead of about thirty.
+                  ``minisgl.engine.sample``: two kernels instead of about thirty.
 
 Each computes what the pure-torch code computes (tests compare them) and is batch-invariant: a
 row's result never depends on the other rows.
@@ -147,27 +147,72 @@ def _mix32(x):
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride, temps_ptr, seeds_ptr, steps_ptr, out_ptr, V: tl.constexpr, BLOCK: tl.constexpr):
+def _sample_stats_kernel(
+    logits_ptr,
+    stride,
+    temps_ptr,
+    m_ptr,
+    s_ptr,
+    i_ptr,
+    NC: tl.constexpr,
+    V: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per (row, chunk of CHUNK logits): the chunk's max, the first index of it, and its
+    softmax normaliser relative to its own max (online softmax: rescaled whenever the max grows)."""
     row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
     base = logits_ptr + row * stride
     temp = tl.load(temps_ptr + row)
     inv_t = 1.0 / tl.where(temp > 0, temp, 1.0)
-    offs = tl.arange(0, BLOCK)
-    # pass 1: the row's max (and its first index: the greedy token) and the softmax normaliser,
-    # rescaled whenever the running max grows (online softmax), so the row is read once for both
     m = tl.full((), float("-inf"), tl.float32)
-    best = tl.full((), 0, tl.int64)
+    best = tl.full((), V, tl.int64)
     total = tl.zeros((), tl.float32)
-    for start in range(0, V, BLOCK):
-        x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
+    for start in range(0, CHUNK, BLOCK):
+        offs = c * CHUNK + start + tl.arange(0, BLOCK)
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
         cm = tl.max(x, 0)
-        ci = tl.min(tl.where(x == cm, start + offs, V), 0)
+        ci = tl.min(tl.where(x == cm, offs, V), 0).to(tl.int64)
         best = tl.where(cm > m, ci, best)
         new_m = tl.maximum(m, cm)
         # where a max is still -inf, its difference is nan: those terms are 1 (scale) and 0 (exp)
         scale = tl.where(m == new_m, 1.0, tl.exp((m - new_m) * inv_t))
         total = total * scale + tl.sum(tl.where(x > float("-inf"), tl.exp((x - new_m) * inv_t), 0.0), 0)
         m = new_m
+    tl.store(m_ptr + row * NC + c, m)
+    tl.store(s_ptr + row * NC + c, total)
+    tl.store(i_ptr + row * NC + c, best)
+
+
+@triton.jit
+def _sample_pick_kernel(
+    logits_ptr,
+    stride,
+    temps_ptr,
+    seeds_ptr,
+    steps_ptr,
+    m_ptr,
+    s_ptr,
+    i_ptr,
+    out_ptr,
+    NC: tl.constexpr,
+    V: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NCP: tl.constexpr,
+):
+    """One program per row: combine the chunks' statistics, then read only the chunk the draw lands in."""
+    row = tl.program_id(0).to(tl.int64)
+    temp = tl.load(temps_ptr + row)
+    inv_t = 1.0 / tl.where(temp > 0, temp, 1.0)
+    cs = tl.arange(0, NCP)
+    valid = cs < NC
+    mc = tl.load(m_ptr + row * NC + cs, mask=valid, other=float("-inf"))
+    sc = tl.load(s_ptr + row * NC + cs, mask=valid, other=0.0)
+    ic = tl.load(i_ptr + row * NC + cs, mask=valid, other=V)
+    m = tl.max(mc, 0)
+    best = tl.min(tl.where(mc == m, ic, V), 0)  # chunks are in order: the row's first argmax
     if temp > 0:
         # the uniform of minisgl.engine.sample.uniform, bit for bit (uint32 products wrap mod 2^32)
         seed = tl.load(seeds_ptr + row).to(tl.uint64)
@@ -177,27 +222,65 @@ def _sample_kernel(logits_ptr, stride, temps_ptr, seeds_ptr, steps_ptr, out_ptr,
         hi = _mix32(lo ^ 0x5BD1E995)
         bits = ((hi >> 12).to(tl.uint64) << 32) | lo.to(tl.uint64)
         u = ((bits.to(tl.float64) + 0.5) * (1.0 / 4503599627370496.0)).to(tl.float32)
-        # pass 2: the first token whose cumulative probability reaches u
-        target = u * total
-        run = tl.zeros((), tl.float32)
+        w = tl.where(mc > float("-inf"), sc * tl.exp((mc - m) * inv_t), 0.0)  # each chunk's mass
+        target = u * tl.sum(w, 0)
+        cum = tl.cumsum(w, 0)
+        k = tl.min(tl.where((cum >= target) & valid, cs, NC), 0)
+        k = tl.where(k < NC, k, tl.max(tl.where(w > 0, cs, 0), 0))  # rounding left target above the sum
+        # the first token of chunk k whose cumulative probability reaches u
+        run = tl.sum(tl.where(cs < k, w, 0.0), 0)
         pick = tl.full((), V, tl.int64)
-        last = tl.full((), 0, tl.int64)  # if rounding leaves target above the sum: the last possible token
-        for start in range(0, V, BLOCK):
-            x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
+        last = tl.full((), 0, tl.int64)  # if rounding leaves target above the chunk: its last possible token
+        base = logits_ptr + row * stride
+        for start in range(0, CHUNK, BLOCK):
+            offs = k * CHUNK + start + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
             p = tl.exp((x - m) * inv_t)
             c = run + tl.cumsum(p, 0)
-            pick = tl.minimum(pick, tl.min(tl.where(c >= target, start + offs, V), 0))
-            last = tl.maximum(last, tl.max(tl.where(p > 0, start + offs, 0), 0))
+            pick = tl.minimum(pick, tl.min(tl.where(c >= target, offs, V), 0).to(tl.int64))
+            last = tl.maximum(last, tl.max(tl.where(p > 0, offs, 0), 0).to(tl.int64))
             run += tl.sum(p, 0)
         best = tl.where(pick < V, pick, last)
     tl.store(out_ptr + row, best)
 
 
-def sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, chunk: int = 8192
+) -> torch.Tensor:
     """Token ids ``[B]`` (int64): argmax for rows with temperature 0, else an inverse-CDF draw from
-    ``softmax(logits / T)`` with ``u = uniform(seed, step)``."""
+    ``softmax(logits / T)`` with ``u = uniform(seed, step)``.
+
+    Two kernels, so that a small batch still fills the GPU: statistics of every ``chunk`` logits of
+    every row in parallel, then per row the chunk the draw lands in (read once more, alone). A row's
+    logits are read ~1.05 times instead of twice by one program per row (3x faster measured on an H200
+    at 16 rows of Qwen3's 151,936 logits)."""
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
-    if b:
-        _sample_kernel[(b,)](logits, logits.stride(0), temperatures, seeds, steps, out, V=v, BLOCK=4096, num_warps=8)
+    if b == 0:
+        return out
+    chunk = min(chunk, triton.next_power_of_2(v))  # a small vocabulary is one chunk, no wider than itself
+    block = min(4096, chunk)
+    nc = -(-v // chunk)
+    m = torch.empty(b, nc, dtype=torch.float32, device=logits.device)
+    s = torch.empty_like(m)
+    idx = torch.empty(b, nc, dtype=torch.int64, device=logits.device)
+    _sample_stats_kernel[(b, nc)](
+        logits, logits.stride(0), temperatures, m, s, idx, NC=nc, V=v, CHUNK=chunk, BLOCK=block
+    )
+    _sample_pick_kernel[(b,)](
+        logits,
+        logits.stride(0),
+        temperatures,
+        seeds,
+        steps,
+        m,
+        s,
+        idx,
+        out,
+        NC=nc,
+        V=v,
+        CHUNK=chunk,
+        BLOCK=block,
+        NCP=triton.next_power_of_2(nc),
+    )
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minisgl import LLM, SamplingParams
-from minisgl.benchmark.offline import main
+from minisgl.benchmark.offline import main, make_workload
 
 
 def test_flush_forgets_cached_prefixes_and_keeps_accounting(tiny_llama):
@@ -37,3 +37,17 @@ def test_repeats_below_one_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--repeats", "0"])
     assert "--repeats must be at least 1" in capsys.readouterr().err
+
+
+def test_step_times_account_for_every_batch(tiny_llama, capsys):
+    n = 6
+    args = ["--model", str(tiny_llama), "--workload", "cpu", "--num-requests", str(n), "--quiet"]
+    res = main(args + ["--max-prefill-length", "128", "--step-times"])
+    st = res["step_times"]
+    assert st["prefill"]["tokens"] == res["prefill_tokens"] > 128  # several prefill batches
+    # a request's first token is sampled by its (last) prefill batch, every other one by a decode batch
+    assert sum(r["tokens"] for k, r in st.items() if k.startswith("decode")) == res["output_tokens"] - n
+    longest = max(p.max_tokens for p in make_workload("cpu", n).params)
+    assert st["decode <= 16"]["batches"] >= longest - 1  # the longest request decodes max_tokens - 1 times
+    assert all(r["busy_s"] > 0 and r["gap_s"] >= 0 for r in st.values())
+    assert "decode <= 16:" in capsys.readouterr().out

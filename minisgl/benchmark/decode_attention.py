@@ -7,6 +7,11 @@ head_dim 128, bfloat16) for each variant the engine could use: CUDA-core or tens
 split-KV as planned for CUDA graphs or not, page size 1 or 16, ``NHD`` or ``HND`` layout. Pages are
 shuffled and several layers' caches are cycled, so neither locality nor the L2 cache flatters the
 result. Bandwidth = K and V bytes read / kernel time. CUDA + FlashInfer only.
+
+Two other kernels FlashInfer ships are timed next to its decode kernels: XQA (TensorRT-LLM's decode
+kernel; it reads a ``[batch, pages]`` page table directly, so it needs no plan, pages of 16-128) and
+the FlashAttention-3 prefill kernel with one query per request. ``--ragged`` draws each request's
+context uniformly from [100, 2 * context - 100] (same mean), as in a real batch.
 """
 
 from __future__ import annotations
@@ -25,6 +30,78 @@ VARIANTS = [
     ("CUDA cores, page 16, HND, graph plan", 16, "HND", False, True, False),
     ("tensor cores, page 16, HND, graph plan, no split", 16, "HND", True, True, True),
 ]
+# (label, page size, layout): kernels with their own entry points
+OTHERS = [
+    ("XQA, page 16, NHD", "xqa", 16, "NHD"),
+    ("XQA, page 32, NHD", "xqa", 32, "NHD"),
+    ("FA3 prefill kernel, page 1, NHD", "fa3", 1, "NHD"),
+    ("FA3 prefill kernel, page 16, NHD", "fa3", 16, "NHD"),
+]
+
+
+def context_lengths(args, bs: int) -> list[int]:
+    if not args.ragged:
+        return [args.context] * bs
+    g = torch.Generator().manual_seed(bs)
+    return torch.randint(100, 2 * args.context - 99, (bs,), generator=g).tolist()
+
+
+def _paged(args, bs: int, page: int, layout: str):
+    """Shuffled pages for ``bs`` requests: (caches, per-request page lists, context lengths)."""
+    dev, dt = "cuda", torch.bfloat16
+    lens = context_lengths(args, bs)
+    npages = [-(-n // page) for n in lens]
+    total = sum(npages)
+    kv, d = args.kv_heads, args.head_dim
+    shape = (total, page, kv, d) if layout == "NHD" else (total, kv, page, d)
+    caches = [(torch.randn(shape, dtype=dt, device=dev), torch.randn(shape, dtype=dt, device=dev)) for _ in range(4)]
+    perm = torch.randperm(total, device=dev, dtype=torch.int32)
+    starts = [0]
+    for n in npages:
+        starts.append(starts[-1] + n)
+    return caches, perm, starts, lens
+
+
+def _time(fn, iters: int) -> float:
+    for i in range(4):
+        fn(i)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(iters):
+        fn(i)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def time_other(args, bs: int, kind: str, page: int, layout: str) -> float:
+    """Microseconds per call of one layer's decode attention with XQA or the FA3 prefill kernel."""
+    import flashinfer
+
+    dev, dt = "cuda", torch.bfloat16
+    h, d = args.heads, args.head_dim
+    caches, perm, starts, lens = _paged(args, bs, page, layout)
+    q = torch.randn(bs, h, d, dtype=dt, device=dev)
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    if kind == "xqa":
+        width = max(b - a for a, b in zip(starts, starts[1:]))
+        table = torch.zeros(bs, width, dtype=torch.int32, device=dev)
+        for r in range(bs):
+            table[r, : starts[r + 1] - starts[r]] = perm[starts[r] : starts[r + 1]]
+        seq = torch.tensor(lens, dtype=torch.int32, device=dev).view(torch.uint32)
+        out = torch.empty_like(q)
+        return _time(
+            lambda i: flashinfer.decode.xqa_batch_decode_with_kv_cache(
+                q, caches[i % 4], ws, table, seq, width * page, bmm1_scale=d**-0.5, out=out, kv_layout=layout
+            ),
+            args.iters,
+        )
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=kind)
+    qo = torch.arange(bs + 1, dtype=torch.int32)
+    indptr = torch.tensor(starts, dtype=torch.int32)
+    last = torch.tensor([n - (-(-n // page) - 1) * page for n in lens], dtype=torch.int32)
+    wrapper.plan(qo, indptr, perm, last, h, args.kv_heads, d, page, causal=True, q_data_type=dt, kv_data_type=dt)
+    return _time(lambda i: wrapper.run(q, caches[i % 4]), args.iters)
 
 
 def time_variant(args, bs: int, page: int, layout: str, tensor_cores: bool, graph: bool, no_split: bool) -> float:
@@ -33,13 +110,10 @@ def time_variant(args, bs: int, page: int, layout: str, tensor_cores: bool, grap
 
     dev, dt = "cuda", torch.bfloat16
     h, kv, d = args.heads, args.kv_heads, args.head_dim
-    pages_per_req = -(-args.context // page)
-    total = bs * pages_per_req
-    shape = (total, page, kv, d) if layout == "NHD" else (total, kv, page, d)
-    caches = [(torch.randn(shape, dtype=dt, device=dev), torch.randn(shape, dtype=dt, device=dev)) for _ in range(4)]
-    indices = torch.randperm(total, device=dev, dtype=torch.int32)
-    indptr = torch.arange(0, total + 1, pages_per_req, dtype=torch.int32)
-    last = torch.full((bs,), args.context - (pages_per_req - 1) * page, dtype=torch.int32)
+    caches, indices, starts, lens = _paged(args, bs, page, layout)
+    total = starts[-1]
+    indptr = torch.tensor(starts, dtype=torch.int32)
+    last = torch.tensor([n - (-(-n // page) - 1) * page for n in lens], dtype=torch.int32)
     extra = {}
     if graph:  # the fixed-size buffers a CUDA-graph wrapper plans into
         extra = dict(
@@ -57,15 +131,7 @@ def time_variant(args, bs: int, page: int, layout: str, tensor_cores: bool, grap
         plan["disable_split_kv"] = True
     wrapper.plan(indptr, indices, last, h, kv, d, page, **plan)
     q = torch.randn(bs, h, d, dtype=dt, device=dev)
-    for i in range(4):
-        wrapper.run(q, caches[i % 4])
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(args.iters):
-        wrapper.run(q, caches[i % 4])
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / args.iters
+    return _time(lambda i: wrapper.run(q, caches[i % 4]), args.iters)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,16 +142,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--ragged", action="store_true", help="contexts uniform in [100, 2 * context - 100]")
+    ap.add_argument("--only", default="", help="time only variants whose label contains this text")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("decode_attention needs a CUDA GPU with FlashInfer")
     torch.manual_seed(0)
     print(f"{'batch':>5}  {'variant':50}  {'us/layer':>9}  {'TB/s':>5}")
     for bs in (int(b) for b in args.batch_size.split(",")):
-        kv_bytes = bs * args.context * args.kv_heads * args.head_dim * 2 * 2  # K and V, bf16
-        for label, *variant in VARIANTS:
+        kv_bytes = sum(context_lengths(args, bs)) * args.kv_heads * args.head_dim * 2 * 2  # K and V, bf16
+        runs = [(label, time_variant, v) for label, *v in VARIANTS] + [(label, time_other, v) for label, *v in OTHERS]
+        for label, timer, variant in runs:
+            if args.only not in label:
+                continue
             try:
-                us = time_variant(args, bs, *variant)
+                us = timer(args, bs, *variant)
                 print(f"{bs:>5}  {label:50}  {us:9.1f}  {kv_bytes / us / 1e6:5.2f}", flush=True)
             except Exception as e:  # a variant this FlashInfer build lacks: say so, time the others
                 print(f"{bs:>5}  {label:50}  failed: {type(e).__name__}: {str(e)[:120]}", flush=True)

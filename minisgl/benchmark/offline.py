@@ -14,6 +14,10 @@ Workloads:
 Throughput = output tokens / wall time of the whole run (prefill included). A warm-up with the
 workload's first two prompts compiles what the run needs; every timed run then starts from an empty
 prefix cache. ``--repeats N`` times the workload N times in one process and reports the median.
+
+``--step-times`` then runs it once more and splits the device's time between prefill batches and
+decode batches by batch size (CUDA events around each batch's launch; on a CPU, whose launches are
+synchronous, the host clock), plus the idle gaps between batches: where a run's seconds go.
 """
 
 from __future__ import annotations
@@ -68,6 +72,55 @@ def make_workload(name: str, num_requests: int | None = None, vocab_limit: int =
     return Workload(name, prompts, params)
 
 
+DECODE_BUCKETS = (16, 64, 128)  # decode batches of <= 16, <= 64, <= 128 and more requests
+
+
+def batch_times(llm, w: Workload) -> dict[str, dict]:
+    """One more run of ``w``, timed batch by batch: ``{bucket: {batches, tokens, busy_s, gap_s}}``
+    where busy is from a batch's launch to the end of its sampling and gap the device's idle time
+    after it (the host was late)."""
+    sched = llm.scheduler
+    cuda = sched.device.type == "cuda"
+    marks = []  # (kind, batch size, tokens, start, end)
+    launch = sched.launch
+
+    def timed(batch, info):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = launch(batch, info)
+            end.record()
+        else:
+            start = time.perf_counter()
+            out = launch(batch, info)
+            end = time.perf_counter()
+        marks.append((batch.is_decode, batch.size, sum(batch.ends) - sum(batch.starts), start, end))
+        return out
+
+    elapsed = (lambda a, b: a.elapsed_time(b) / 1e3) if cuda else (lambda a, b: b - a)
+    sched.cache.flush()
+    sched.launch = timed
+    try:
+        llm.generate(w.prompts, w.params, use_tqdm=False)
+    finally:
+        del sched.launch
+    sync(sched.device)
+    out: dict[str, dict] = {}
+    for i, (decode, size, tokens, start, end) in enumerate(marks):
+        if decode:
+            top = next((b for b in DECODE_BUCKETS if size <= b), None)
+            key = f"decode <= {top}" if top else f"decode > {DECODE_BUCKETS[-1]}"
+        else:
+            key = "prefill"
+        row = out.setdefault(key, dict(batches=0, tokens=0, busy_s=0.0, gap_s=0.0))
+        row["batches"] += 1
+        row["tokens"] += tokens
+        row["busy_s"] += elapsed(start, end)
+        if i + 1 < len(marks):
+            row["gap_s"] += max(0.0, elapsed(end, marks[i + 1][3]))
+    return out
+
+
 def run_minisgl(w: Workload, args: argparse.Namespace, engine_args: dict) -> dict:
     from minisgl import LLM
 
@@ -85,8 +138,7 @@ def run_minisgl(w: Workload, args: argparse.Namespace, engine_args: dict) -> dic
         seconds.append(time.perf_counter() - t)
     s = llm.cache_stats
     produced = sum(len(o.token_ids) for o in outs)
-    llm.shutdown()
-    return dict(
+    res = dict(
         seconds=statistics.median(seconds),
         seconds_all=seconds,
         output_tokens=produced,
@@ -94,6 +146,15 @@ def run_minisgl(w: Workload, args: argparse.Namespace, engine_args: dict) -> dic
         cache_hit_rate=s.hit_rate,
         prompt_tokens=s.prompt_tokens,
     )
+    if args.step_times:
+        res["step_times"] = batch_times(llm, w)
+        for key, r in sorted(res["step_times"].items()):
+            print(
+                f"{key:>13}: {r['batches']:5} batches, {r['tokens']:7} tokens, busy {r['busy_s']:6.2f} s "
+                f"({r['busy_s'] / r['batches'] * 1e3:6.2f} ms each), idle after them {r['gap_s']:5.2f} s"
+            )
+    llm.shutdown()
+    return res
 
 
 def run_hf(w: Workload, args: argparse.Namespace) -> dict:
@@ -159,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default=None, help="model folder; omitted = the embedded model")
     ap.add_argument("--dummy-weight", action="store_true")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on FlashInfer, else 1)")
     ap.add_argument("--cache-type", "--cache", default="radix")
     ap.add_argument("--attention-backend", "--attn", default="auto")
     ap.add_argument("--max-running-requests", type=int, default=256)
@@ -169,6 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--hf-max-requests", type=int, default=None, help="HF on a subset (it is slow)")
     ap.add_argument("--repeats", type=int, default=1, help="time the workload N times (minisgl); report the median")
+    ap.add_argument("--step-times", action="store_true", help="then split one more run's time by batch (minisgl)")
     ap.add_argument("--json", default=None, help="append the result to this JSON file")
     ap.add_argument("--tag", default="", help="a label stored with the result")
     ap.add_argument("--quiet", action="store_true")

@@ -16,7 +16,8 @@ for model in Qwen3-0.6B Qwen3-14B; do
   MINISGL_DISABLE_OVERLAP_SCHEDULING=1 bench --model "$model" --tag "no-overlap"
   bench --model "$model" --cuda-graph-max-bs 0 --tag "no-cuda-graph"
   MINISGL_FUSED_KERNELS=0 bench --model "$model" --tag "no-fused-kernels"
-  if [ "$model" = Qwen3-0.6B ]; then bench --model "$model" --page-size 16 --tag "page-size-16"; fi
+  bench --model "$model" --page-size 1 --tag "page-size-1"
+  if [ "$model" = Qwen3-0.6B ]; then MINISGL_FI_TENSOR_CORES=0 bench --model "$model" --tag "cuda-core-decode"; fi
 done
 if [ "$what" = all ] || [ "$what" = hf ]; then
   # HF transformers generate on the same requests: the first 64, in static batches of 64

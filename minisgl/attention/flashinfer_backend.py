@@ -65,7 +65,7 @@ class FlashInferBackend(AttentionBackend):
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=self.prefill_kernel)
         # the tensor-core decode kernel, even with 2 query heads per KV head (Qwen3-0.6B): on a real,
         # ragged batch it is faster from batch 128 up and no slower below (H200, Nano-vLLM workload:
-        # decode 4% faster end to end; `benchmark.decode_attention --ragged`). On uniform lengths the
+        # 5.74 s vs 6.25 s end to end; `benchmark.decode_attention --ragged`). On uniform lengths the
         # CUDA-core kernel looks faster, which misled an earlier choice. MINISGL_FI_TENSOR_CORES=0 overrides.
         self.tensor_cores = os.environ.get("MINISGL_FI_TENSOR_CORES", "1") != "0"
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(

@@ -74,7 +74,7 @@ class EngineConfig:
 
     def _default_page_size(self) -> int:
         """16 when FlashInfer runs decode: its kernels read a ragged batch's KV faster in 16-token
-        pages (Qwen3-0.6B on an H200, Nano-vLLM workload: decode 4% faster than with 1-token pages).
+        pages (Qwen3-0.6B on an H200, Nano-vLLM workload: 5.74 s vs 6.12 s with 1-token pages).
         1 for the torch backend, the course's CPU path, where a page is a token and the radix cache
         shares prefixes token by token."""
         decode = self.attention_backend.split(",")[-1]

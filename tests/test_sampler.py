@@ -27,6 +27,14 @@ def info(n: int, temperature=1.0, top_k=V, top_p=1.0, seed=0, step=0) -> Samplin
     )
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.6])
+def test_plain_info_is_plain_temperature_sampling(temperature):
+    got, want = SamplingInfo.plain(5, temperature, V, torch.device("cpu")), info(5, temperature)
+    for name in ("temperatures", "top_k", "top_p", "seeds", "steps"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert (got.all_greedy, got.need_top_k, got.need_top_p) == (want.all_greedy, False, False)
+
+
 def test_greedy_is_argmax():
     logits = torch.randn(16, V)
     assert torch.equal(DefaultSampler().sample(logits, info(16, temperature=0.0)), logits.argmax(-1))

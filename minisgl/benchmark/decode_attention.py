@@ -22,7 +22,8 @@ import torch
 
 # (label, page size, layout, tensor cores, planned for CUDA graphs, disable split-KV)
 VARIANTS = [
-    ("CUDA cores, page 1, NHD, graph plan (the engine's)", 1, "NHD", False, True, False),
+    ("tensor cores, page 16, NHD, graph plan (the engine's)", 16, "NHD", True, True, False),
+    ("CUDA cores, page 1, NHD, graph plan", 1, "NHD", False, True, False),
     ("CUDA cores, page 1, NHD, eager plan", 1, "NHD", False, False, False),
     ("tensor cores, page 1, NHD, graph plan", 1, "NHD", True, True, False),
     ("tensor cores, page 1, NHD, graph plan, no split", 1, "NHD", True, True, True),
@@ -30,7 +31,7 @@ VARIANTS = [
     ("CUDA cores, page 16, HND, graph plan", 16, "HND", False, True, False),
     ("tensor cores, page 16, HND, graph plan, no split", 16, "HND", True, True, True),
 ]
-# (label, page size, layout): kernels with their own entry points
+# (label, kernel, page size, layout): kernels with their own entry points
 OTHERS = [
     ("XQA, page 16, NHD", "xqa", 16, "NHD"),
     ("XQA, page 32, NHD", "xqa", 32, "NHD"),
@@ -47,7 +48,8 @@ def context_lengths(args, bs: int) -> list[int]:
 
 
 def _paged(args, bs: int, page: int, layout: str):
-    """Shuffled pages for ``bs`` requests: (caches, per-request page lists, context lengths)."""
+    """Shuffled pages for ``bs`` requests: ``(caches, page ids, kv_indptr (host), last_page_len (host),
+    context lengths)``; request ``i``'s pages are ``page_ids[kv_indptr[i] : kv_indptr[i + 1]]``."""
     dev, dt = "cuda", torch.bfloat16
     lens = context_lengths(args, bs)
     npages = [-(-n // page) for n in lens]
@@ -56,10 +58,10 @@ def _paged(args, bs: int, page: int, layout: str):
     shape = (total, page, kv, d) if layout == "NHD" else (total, kv, page, d)
     caches = [(torch.randn(shape, dtype=dt, device=dev), torch.randn(shape, dtype=dt, device=dev)) for _ in range(4)]
     perm = torch.randperm(total, device=dev, dtype=torch.int32)
-    starts = [0]
-    for n in npages:
-        starts.append(starts[-1] + n)
-    return caches, perm, starts, lens
+    indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    indptr[1:] = torch.tensor(npages).cumsum(0)
+    last = torch.tensor([n - (p - 1) * page for n, p in zip(lens, npages)], dtype=torch.int32)
+    return caches, perm, indptr, last, lens
 
 
 def _time(fn, iters: int) -> float:
@@ -80,7 +82,8 @@ def time_other(args, bs: int, kind: str, page: int, layout: str) -> float:
 
     dev, dt = "cuda", torch.bfloat16
     h, d = args.heads, args.head_dim
-    caches, perm, starts, lens = _paged(args, bs, page, layout)
+    caches, perm, indptr, last, lens = _paged(args, bs, page, layout)
+    starts = indptr.tolist()
     q = torch.randn(bs, h, d, dtype=dt, device=dev)
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
     if kind == "xqa":
@@ -98,8 +101,6 @@ def time_other(args, bs: int, kind: str, page: int, layout: str) -> float:
         )
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=kind)
     qo = torch.arange(bs + 1, dtype=torch.int32)
-    indptr = torch.tensor(starts, dtype=torch.int32)
-    last = torch.tensor([n - (-(-n // page) - 1) * page for n in lens], dtype=torch.int32)
     wrapper.plan(qo, indptr, perm, last, h, args.kv_heads, d, page, causal=True, q_data_type=dt, kv_data_type=dt)
     return _time(lambda i: wrapper.run(q, caches[i % 4]), args.iters)
 
@@ -110,10 +111,8 @@ def time_variant(args, bs: int, page: int, layout: str, tensor_cores: bool, grap
 
     dev, dt = "cuda", torch.bfloat16
     h, kv, d = args.heads, args.kv_heads, args.head_dim
-    caches, indices, starts, lens = _paged(args, bs, page, layout)
-    total = starts[-1]
-    indptr = torch.tensor(starts, dtype=torch.int32)
-    last = torch.tensor([n - (-(-n // page) - 1) * page for n in lens], dtype=torch.int32)
+    caches, indices, indptr, last, _ = _paged(args, bs, page, layout)
+    total = int(indptr[-1])
     extra = {}
     if graph:  # the fixed-size buffers a CUDA-graph wrapper plans into
         extra = dict(

@@ -81,11 +81,7 @@ def op_times(llm: LLM, bs: int) -> dict[str, float]:
     times = {name: graph_us(fn) for name, fn in ops.items()}
     times["add_rmsnorm x2"] -= graph_us(lambda: [h.clone() for _ in layers for _ in (0, 1)])  # its input copies
     logits = torch.randn(bs, cfg.vocab_size, device=dev)
-    full = lambda x, dtype=torch.float32: torch.full((bs,), x, dtype=dtype, device=dev)
-    info = SamplingInfo(
-        full(0.6), full(cfg.vocab_size, torch.int64), full(1.0), torch.arange(bs, device=dev), full(0, torch.int64),
-        all_greedy=False, need_top_k=False, need_top_p=False,
-    )  # fmt: skip
+    info = SamplingInfo.plain(bs, 0.6, cfg.vocab_size, dev)
     eng.sampler.sample(logits, info)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()

@@ -160,17 +160,7 @@ class Engine:
         """Sample once from dummy logits so the sampler's JIT kernels compile now, at start-up, and not
         inside the first request that asks for a temperature (about a second with Triton)."""
         vocab = self.model_config.vocab_size
-        one = lambda v, dt: torch.tensor([v], dtype=dt, device=self.device)
-        info = SamplingInfo(
-            one(1.0, torch.float32),
-            one(vocab, torch.int64),
-            one(1.0, torch.float32),
-            one(0, torch.int64),
-            one(0, torch.int64),
-            all_greedy=False,
-            need_top_k=False,
-            need_top_p=False,
-        )
+        info = SamplingInfo.plain(1, 1.0, vocab, self.device)
         self.sampler.sample(torch.zeros(1, vocab, device=self.device), info)
 
     @torch.inference_mode()

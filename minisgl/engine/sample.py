@@ -56,6 +56,22 @@ class SamplingInfo:
             need_top_p=any(p < 1.0 for p in top_p),
         )
 
+    @classmethod
+    def plain(cls, n: int, temperature: float, vocab_size: int, device: torch.device) -> SamplingInfo:
+        """``n`` rows sampled at one temperature, no top-k/top-p, seeds ``0..n-1``, first output token:
+        the dummy batch that compiles the sampler at start-up, or times it."""
+        full = lambda x, dt: torch.full((n,), x, dtype=dt, device=device)
+        return cls(
+            temperatures=full(temperature, torch.float32),
+            top_k=full(vocab_size, torch.int64),
+            top_p=full(1.0, torch.float32),
+            seeds=torch.arange(n, device=device),
+            steps=full(0, torch.int64),
+            all_greedy=temperature == 0.0,
+            need_top_k=False,
+            need_top_p=False,
+        )
+
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer hash (xor-shift-multiply) on int64 tensors holding values < 2^32; the
@@ -109,7 +125,7 @@ class DefaultSampler(Sampler):
         if info.all_greedy:
             return logits.argmax(dim=-1)
         tri = triton_ops(logits)
-        if tri is not None and not (info.need_top_k or info.need_top_p):  # GPU: one kernel, same draw
+        if tri is not None and not (info.need_top_k or info.need_top_p):  # GPU: two kernels, same draw
             return tri.sample(logits, info.temperatures, info.seeds, info.steps)
         greedy = logits.argmax(dim=-1)
         cdf = filter_logits(logits, info).softmax(dim=-1).cumsum(dim=-1)

@@ -164,3 +164,34 @@ def test_fused_kernels_keep_the_unfused_tokens(gpu_models, model, monkeypatch):
         kernels._triton.cache_clear(), kernels._flashinfer.cache_clear()
     assert kernels.triton_ops(torch.zeros(1, device="cuda")) is not None
     assert_same_greedy((fused, fused_logits), (plain, plain_logits), FUSED_LOGIT_ATOL)
+
+
+# ---- tensor parallelism over NCCL (needs as many GPUs as ranks) -----------------------------------
+
+# float32 ranks sum a row-parallel product in two halves where one rank sums it whole: ~1e-6 relative
+TP_FP32_ATOL = 1e-3
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("model", ["llama", "qwen3"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_tp_matches_tp1(gpu_models, model, dtype, tp):
+    """TP=N gives TP=1's greedy tokens (up to near-ties) with graphs and overlap on: ``fa3,fi`` in
+    bfloat16; FlashInfer has no float32 kernels, so float32 runs the torch backend (eager)."""
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
+    backend = "fa3,fi" if dtype == "bfloat16" else "torch"
+    if backend == "fa3,fi" and torch.cuda.get_device_capability()[0] != 9:
+        backend = "fi"
+    cfg = dict(dtype=dtype, attention_backend=backend, cuda_graph_max_bs=8, overlap_scheduling=True, page_size=16)
+    ref = run(gpu_models[model], **cfg)[:2]
+    tokens, logits, llm = run(gpu_models[model], tp_size=tp, **cfg)
+    try:
+        engine = llm.scheduler.engine
+        assert engine.tp.size == tp and llm.scheduler.overlap
+        assert (engine.graph_runner is not None) == (backend != "torch")
+        assert engine.model.model.layers[0].self_attn.num_heads == 4 // tp  # the tiny models' 4 heads, split
+        assert_same_greedy((tokens, logits), ref, LOGIT_ATOL if dtype == "bfloat16" else TP_FP32_ATOL)
+    finally:
+        llm.shutdown()
+    assert not any(p.is_alive() for p in llm.scheduler._procs), "a rank outlived shutdown()"

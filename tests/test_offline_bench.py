@@ -51,3 +51,17 @@ def test_step_times_account_for_every_batch(tiny_llama, capsys):
     assert st["decode <= 16"]["batches"] >= longest - 1  # the longest request decodes max_tokens - 1 times
     assert all(r["busy_s"] > 0 and r["gap_s"] >= 0 for r in st.values())
     assert "decode <= 16:" in capsys.readouterr().out
+
+
+def test_tp2_gives_the_tp1_tokens_and_records_the_size(tiny_llama, tmp_path):
+    args = ["--model", str(tiny_llama), "--workload", "shared", "--num-requests", "3", "--quiet", "--dtype", "float32"]
+    args += ["--max-prefill-length", "128", "--json", str(tmp_path / "r.json")]
+    one, two = main(args), main(args + ["--tp", "2"])
+    assert (one["tp"], two["tp"]) == (1, 2)
+    assert two["output_tokens"] == one["output_tokens"] == 3 * 32 and two["prefill_tokens"] == one["prefill_tokens"]
+
+
+def test_tp_with_the_hf_engine_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--engine", "hf", "--tp", "2"])
+    assert "--tp applies to minisgl only" in capsys.readouterr().err

@@ -3,6 +3,7 @@
     python -m minisgl.benchmark.offline                          # CPU workload, embedded model
     python -m minisgl.benchmark.offline --engine hf              # the same requests through HF
     python -m minisgl.benchmark.offline --workload nano --model Qwen3-0.6B --dummy-weight   # GPU
+    python -m minisgl.benchmark.offline --workload nano --model Qwen3-14B --dummy-weight --tp 2
 
 Workloads:
   nano   the Nano-vLLM benchmark: 256 requests, random.seed(0), prompts of randint(100, 1024)
@@ -98,7 +99,7 @@ def batch_times(llm, w: Workload) -> dict[str, dict]:
         return out
 
     elapsed = (lambda a, b: a.elapsed_time(b) / 1e3) if cuda else (lambda a, b: b - a)
-    sched.cache.flush()
+    sched.flush_cache()
     sched.launch = timed
     try:
         llm.generate(w.prompts, w.params, use_tqdm=False)
@@ -129,7 +130,7 @@ def run_minisgl(w: Workload, args: argparse.Namespace, engine_args: dict) -> dic
     llm.generate(w.prompts[:2], [replace(p, max_tokens=4) for p in w.params[:2]], use_tqdm=False)
     seconds = []
     for _ in range(args.repeats):  # each run starts from an empty prefix cache, as the first did
-        llm.scheduler.cache.flush()
+        llm.scheduler.flush_cache()
         llm.scheduler.stats.__init__()
         sync(llm.scheduler.device)
         t = time.perf_counter()
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on FlashInfer, else 1)")
     ap.add_argument("--cache-type", "--cache", default="radix")
     ap.add_argument("--attention-backend", "--attn", default="auto")
+    ap.add_argument("--tp-size", "--tp", type=int, default=1, help="tensor-parallel ranks (one GPU each)")
     ap.add_argument("--max-running-requests", type=int, default=256)
     ap.add_argument("--max-prefill-length", type=int, default=8192)
     ap.add_argument("--cuda-graph-max-bs", type=int, default=None)
@@ -237,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.engine == "hf" and args.tp_size != 1:
+        ap.error("--tp applies to minisgl only (the HF baseline runs on one device)")
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
         max_prefill_length=args.max_prefill_length,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         num_pages=args.num_pages,
+        tp_size=args.tp_size,
     )
     res = run_hf(w, args) if args.engine == "hf" else run_minisgl(w, args, engine_args)
     res["throughput"] = res["output_tokens"] / res["seconds"]
@@ -264,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
         machine=platform.machine(),
         time=time.strftime("%Y-%m-%d %H:%M:%S"),
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        tp=args.tp_size,
         args={k: v for k, v in vars(args).items() if k not in ("json", "quiet")},
     )
     print(

@@ -3,7 +3,7 @@
 Rank 0 is the caller's process; ranks 1..N-1 are spawned processes. Every rank runs the same
 ``Scheduler`` on the same requests, so they take the same decisions without comparing state:
 
-    rank 0:  add/abort -> outbox ──broadcast (gloo, CPU)──> ranks 1..N-1 apply the same commands
+    rank 0:  add/abort/flush -> outbox ──broadcast (gloo, CPU)──> ranks 1..N-1 apply the same commands
              step(): broadcast the outbox, then schedule + forward (all-reduces inside the model)
 
 Sampling needs no communication: the logits are all-gathered, so every rank holds the same
@@ -70,6 +70,10 @@ class TPScheduler(Scheduler):
         self._outbox.append(("abort", uid))
         return True
 
+    def flush_cache(self) -> None:
+        super().flush_cache()
+        self._outbox.append(("flush", None))
+
     def step(self) -> list[TokenEvent]:
         dead = [p for p in self._procs if not p.is_alive()]
         if dead:
@@ -102,13 +106,18 @@ class TPScheduler(Scheduler):
 
     def shutdown(self) -> None:
         """Stop the other ranks and leave the process group (a new TP engine may start after)."""
-        if any(p.is_alive() for p in self._procs):
+        told = False
+        if all(p.is_alive() for p in self._procs):
             try:
                 broadcast_objects([("stop", None)])
+                told = True
             except RuntimeError:
                 pass
+        if told:  # leave the process group together with the other ranks: on NCCL a rank waits for its peers
+            self.engine.shutdown()
         self._stop_workers()
-        self.engine.shutdown()
+        if not told:
+            self.engine.shutdown()
 
 
 def _worker(config: EngineConfig, errors) -> None:
@@ -127,8 +136,10 @@ def _worker(config: EngineConfig, errors) -> None:
             for kind, arg in commands:
                 if kind == "add":
                     sched.add(arg)
-                else:
+                elif kind == "abort":
                     sched.abort(arg)
+                else:
+                    sched.flush_cache()
             if sched.has_work:
                 sched.step()
         sched.engine.shutdown()

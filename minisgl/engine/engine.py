@@ -178,5 +178,11 @@ class Engine:
     def shutdown(self) -> None:
         from minisgl.distributed import destroy_distributed
 
+        if self.graph_runner is not None:
+            # NCCL (>= 2.26) destroys a communicator only once every graph that captured its
+            # collectives is gone: release the graphs first, or destroy_process_group() waits forever
+            torch.cuda.synchronize(self.device)
+            self.graph_runner.graphs.clear()
+            self.graph_runner = None
         if self.tp.size > 1:
             destroy_distributed()

@@ -128,6 +128,11 @@ class Scheduler:
         self._finish(req, "abort")
         return True
 
+    def flush_cache(self) -> None:
+        """Forget every cached prefix no running request holds (benchmarks time each run from an
+        empty cache). Goes through the scheduler, not ``self.cache``, so that TP ranks do it too."""
+        self.cache.flush()
+
     @property
     def has_work(self) -> bool:
         return bool(self.reqs) or self._in_flight is not None

@@ -113,11 +113,14 @@ class TPScheduler(Scheduler):
                 told = True
             except RuntimeError:
                 pass
-        if told:  # leave the process group together with the other ranks: on NCCL a rank waits for its peers
-            self.engine.shutdown()
-        self._stop_workers()
         if not told:
+            self._stop_workers()
             self.engine.shutdown()
+            return
+        try:  # leave the process group together with the other ranks: on NCCL a rank waits for its peers
+            self.engine.shutdown()
+        finally:
+            self._stop_workers()
 
 
 def _worker(config: EngineConfig, errors) -> None:

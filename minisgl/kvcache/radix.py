@@ -41,8 +41,9 @@ class RadixNode:
         self.ref = 0
         self.last_access = 0
 
-    def __lt__(self, other: RadixNode) -> bool:  # heap tie-break
-        return id(self) < id(other)
+    def __lt__(self, other: RadixNode) -> bool:
+        # heap tie-break; by content, not address: tensor-parallel ranks must evict the same nodes
+        return self.key < other.key
 
 
 class RadixPrefixCache(PrefixCache):

@@ -24,7 +24,7 @@ BACKENDS: dict[str, str | Callable[..., AttentionBackend]] = {
 }
 
 
-def _flashinfer_available() -> bool:
+def flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
@@ -32,7 +32,7 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
     """``auto`` -> ``fa3,fi`` on Hopper with FlashInfer, ``fi`` on other GPUs with it, else ``torch``."""
     if name != "auto":
         return name
-    if device.type == "cuda" and _flashinfer_available():
+    if device.type == "cuda" and flashinfer_available():
         return "fa3,fi" if torch.cuda.get_device_capability(device)[0] == 9 else "fi"
     return "torch"
 

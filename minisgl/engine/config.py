@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -77,10 +76,11 @@ class EngineConfig:
         pages (Qwen3-0.6B on an H200, Nano-vLLM workload: 5.74 s vs 6.12 s with 1-token pages).
         1 for the torch backend, the course's CPU path, where a page is a token and the radix cache
         shares prefixes token by token."""
+        from minisgl.attention import flashinfer_available
+
         decode = self.attention_backend.split(",")[-1]
         if decode == "auto":
-            on_gpu = self.torch_device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
-            return 16 if on_gpu else 1
+            return 16 if self.torch_device.type == "cuda" and flashinfer_available() else 1
         return 1 if decode == "torch" else 16
 
     @property

@@ -96,6 +96,22 @@ def test_default_page_size_follows_the_decode_backend():
     assert EngineConfig(attention_backend="fi", page_size=4).page_size == 4
 
 
+def test_unsplit_graph_plan_sets_the_grid_to_the_batch():
+    """The no-split CUDA-graph decode plan's grid (FlashInfer's ``plan_info[0]``) becomes the batch
+    size, the other plan fields and the container type stay; a plan with fewer blocks is refused.
+    (On the GPU: test_gpu.py::test_unsplit_decode_graphs_match_torch.)"""
+    from minisgl.attention.flashinfer_backend import unsplit_graph_plan
+
+    class Wrapper:
+        _plan_info = (287, 1, 16, 99)
+
+    w = Wrapper()
+    unsplit_graph_plan(w, 256)
+    assert w._plan_info == (256, 1, 16, 99)
+    with pytest.raises(RuntimeError, match="planned 256 blocks for 300 requests"):
+        unsplit_graph_plan(w, 300)
+
+
 def test_unknown_model_and_bad_engine_args(tiny_llama):
     with pytest.raises(ValueError, match="not found"):
         LLM("/no/such/model")

@@ -108,6 +108,21 @@ def test_cuda_core_decode_matches_torch(gpu_models, references, page, monkeypatc
     assert_same_greedy((tokens, logits), references["qwen3"])
 
 
+@pytest.mark.parametrize("model", ["llama", "qwen3"])
+@pytest.mark.parametrize("page", [1, 16])
+def test_unsplit_decode_graphs_match_torch(gpu_models, references, model, page, monkeypatch):
+    """Captured decode sizes from 4 up plan without split-KV (the engine does so from 32 up), smaller
+    ones with it, in one process: batches of 3 run in the graph of 4 with a dummy request."""
+    monkeypatch.setenv("MINISGL_FI_NO_SPLIT_MIN_BS", "4")
+    tokens, logits, llm = run(gpu_models[model], attention_backend="fa3,fi", page_size=page, cuda_graph_max_bs=8)
+    decode = llm.scheduler.engine.attn_backend.decode
+    assert decode.no_split_min_bs == 4 and sorted(decode.graph_wrappers) == [1, 2, 4, 8]
+    for bs, wrapper in decode.graph_wrappers.items():
+        if bs >= 4:  # the grid is one block per request: no padding blocks
+            assert int(wrapper._plan_info[0]) == bs
+    assert_same_greedy((tokens, logits), references[model])
+
+
 def test_flashinfer_refuses_float32(gpu_models):
     with pytest.raises(ValueError, match="bfloat16"):
         LLM(str(gpu_models["llama"]), dtype="float32", attention_backend="fi", device="cuda", num_pages=64)

@@ -29,6 +29,27 @@ from minisgl.kvcache.pool import KVPool
 
 WORKSPACE_BYTES = 128 << 20
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
+# captured decode batches of at least this many requests skip split-KV (MINISGL_FI_NO_SPLIT_MIN_BS
+# overrides): a CUDA-graph plan always runs split-KV's merge pass, yet from a few dozen requests up
+# there are enough (request, KV head) blocks to fill the GPU without splitting any request's KV
+NO_SPLIT_MIN_BS = 32
+
+
+def unsplit_graph_plan(wrapper, batch_size: int) -> None:
+    """Make a CUDA-graph decode plan made with ``disable_split_kv=True`` launch one block per request.
+
+    FlashInfer 0.6's planner pads such a plan's grid to its split-KV size but, without split-KV,
+    writes no mask for the padding blocks: they read scheduler entries no plan wrote and can fault
+    (flashinfer-ai/flashinfer#4002). A decode request is one query tile (the planner sizes the tile,
+    16 to 128 rows, to hold the query heads of one KV head), so the exact grid is the batch size,
+    the same at every replay of the graph; ``plan_info[0]`` (``padded_batch_size``) is that grid.
+    """
+    info = wrapper._plan_info
+    fields = list(info)
+    if fields[0] < batch_size:
+        raise RuntimeError(f"FlashInfer planned {fields[0]} blocks for {batch_size} requests")
+    fields[0] = batch_size
+    wrapper._plan_info = type(info)(fields) if not isinstance(info, list) else fields
 
 
 def _workspace(device: torch.device) -> torch.Tensor:
@@ -72,6 +93,7 @@ class FlashInferBackend(AttentionBackend):
             ws, "NHD", use_tensor_cores=self.tensor_cores, backend="fa2"
         )
         self.graph_wrappers: dict[int, Any] = {}
+        self.no_split_min_bs = int(os.environ.get("MINISGL_FI_NO_SPLIT_MIN_BS", NO_SPLIT_MIN_BS))
         self.dummy_row = page_table.shape[0] - 1
         # plan() copies its schedule from one pinned host buffer; with overlap scheduling the next
         # plan() may start before that copy ran, so it first waits for the previous one (~never blocks)
@@ -96,14 +118,19 @@ class FlashInferBackend(AttentionBackend):
         indices = torch.div(self.page_table[rows[req], pos], p, rounding_mode="floor")
         return indptr, indices, last_len
 
-    def _plan(self, wrapper, qo_indptr: torch.Tensor | None, rows: torch.Tensor, ends: list[int]) -> None:
+    def _plan(
+        self, wrapper, qo_indptr: torch.Tensor | None, rows: torch.Tensor, ends: list[int], no_split: bool = False
+    ) -> None:
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
         kv_indptr, kv_indices, last_len = self._kv_layout(rows, ends)
         common = dict(q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype, sm_scale=self.scale)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size)
         layout = (kv_indptr, kv_indices, last_len, *heads)
-        if qo_indptr is None:  # decode
+        if qo_indptr is None and no_split:  # a captured decode batch
+            wrapper.plan(*layout, **common, disable_split_kv=True)
+            unsplit_graph_plan(wrapper, len(ends))
+        elif qo_indptr is None:  # decode
             wrapper.plan(*layout, **common)
         else:
             wrapper.plan(qo_indptr, *layout, causal=True, **common)
@@ -162,7 +189,9 @@ class FlashInferBackend(AttentionBackend):
             pad = torch.full((bs - n,), self.dummy_row, dtype=rows.dtype, device=self.device)
             rows = torch.cat([rows, pad])
         wrapper = self._graph_wrapper(bs)
-        self._plan(wrapper, None, rows, list(batch.ends[:n]) + [1] * (bs - n))
+        # the choice depends on the captured size alone, so capture and replays plan alike
+        no_split = self.tensor_cores and bs >= self.no_split_min_bs
+        self._plan(wrapper, None, rows, list(batch.ends[:n]) + [1] * (bs - n), no_split)
         batch.attn_metadata = FlashInferMetadata(wrapper)
 
 

@@ -9,8 +9,9 @@ shuffled and several layers' caches are cycled, so neither locality nor the L2 c
 result. Bandwidth = K and V bytes read / kernel time. CUDA + FlashInfer only.
 
 Two other kernels FlashInfer ships are timed next to its decode kernels: XQA (TensorRT-LLM's decode
-kernel; it reads a ``[batch, pages]`` page table directly, so it needs no plan, pages of 16-128) and
-the FlashAttention-3 prefill kernel with one query per request. ``--ragged`` draws each request's
+kernel; it reads a ``[batch, pages]`` page table directly, so it needs no plan, pages of 16-128),
+the FlashAttention-3 prefill kernel with one query per request, and ``BatchAttention`` (one persistent
+grid whose plan splits the KV evenly over the SMs). ``--ragged`` draws each request's
 context uniformly from [100, 2 * context - 100] (same mean), as in a real batch.
 """
 
@@ -20,16 +21,19 @@ import argparse
 
 import torch
 
+from minisgl.attention.flashinfer_backend import unsplit_graph_plan
+
 # (label, page size, layout, tensor cores, planned for CUDA graphs, disable split-KV)
 VARIANTS = [
-    ("tensor cores, page 16, NHD, graph plan (the engine's)", 16, "NHD", True, True, False),
+    ("tensor cores, page 16, NHD, graph plan (engine, batch < 32)", 16, "NHD", True, True, False),
+    ("tensor cores, page 16, NHD, graph plan, no split (engine)", 16, "NHD", True, True, True),
+    ("tensor cores, page 16, HND, graph plan", 16, "HND", True, True, False),
+    ("tensor cores, page 16, HND, graph plan, no split", 16, "HND", True, True, True),
+    ("tensor cores, page 1, NHD, graph plan", 1, "NHD", True, True, False),
     ("CUDA cores, page 1, NHD, graph plan", 1, "NHD", False, True, False),
     ("CUDA cores, page 1, NHD, eager plan", 1, "NHD", False, False, False),
-    ("tensor cores, page 1, NHD, graph plan", 1, "NHD", True, True, False),
-    ("tensor cores, page 1, NHD, graph plan, no split", 1, "NHD", True, True, True),
     ("CUDA cores, page 16, NHD, graph plan", 16, "NHD", False, True, False),
     ("CUDA cores, page 16, HND, graph plan", 16, "HND", False, True, False),
-    ("tensor cores, page 16, HND, graph plan, no split", 16, "HND", True, True, True),
 ]
 # (label, kernel, page size, layout): kernels with their own entry points
 OTHERS = [
@@ -37,6 +41,7 @@ OTHERS = [
     ("XQA, page 32, NHD", "xqa", 32, "NHD"),
     ("FA3 prefill kernel, page 1, NHD", "fa3", 1, "NHD"),
     ("FA3 prefill kernel, page 16, NHD", "fa3", 16, "NHD"),
+    ("BatchAttention (persistent), page 16, NHD", "persistent", 16, "NHD"),
 ]
 
 
@@ -65,7 +70,7 @@ def _paged(args, bs: int, page: int, layout: str):
 
 
 def _time(fn, iters: int) -> float:
-    for i in range(4):
+    for i in range(20):  # also lets the clocks rise from idle
         fn(i)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -99,8 +104,14 @@ def time_other(args, bs: int, kind: str, page: int, layout: str) -> float:
             ),
             args.iters,
         )
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=kind)
     qo = torch.arange(bs + 1, dtype=torch.int32)
+    if kind == "persistent":  # one persistent grid, KV split evenly over the SMs at plan time
+        attn = flashinfer.BatchAttention(layout)
+        lens_t = torch.tensor(lens, dtype=torch.int32)
+        pages = perm.to(torch.int32)
+        attn.plan(qo.cuda(), indptr.cuda(), pages, lens_t.cuda(), h, args.kv_heads, d, d, page, q_data_type=dt)
+        return _time(lambda i: attn.run(q, caches[i % 4]), args.iters)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=kind)
     wrapper.plan(qo, indptr, perm, last, h, args.kv_heads, d, page, causal=True, q_data_type=dt, kv_data_type=dt)
     return _time(lambda i: wrapper.run(q, caches[i % 4]), args.iters)
 
@@ -129,6 +140,8 @@ def time_variant(args, bs: int, page: int, layout: str, tensor_cores: bool, grap
     if no_split:  # honoured by the tensor-core kernel only
         plan["disable_split_kv"] = True
     wrapper.plan(indptr, indices, last, h, kv, d, page, **plan)
+    if no_split and graph:
+        unsplit_graph_plan(wrapper, bs)
     q = torch.randn(bs, h, d, dtype=dt, device=dev)
     return _time(lambda i: wrapper.run(q, caches[i % 4]), args.iters)
 
@@ -142,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--ragged", action="store_true", help="contexts uniform in [100, 2 * context - 100]")
-    ap.add_argument("--only", default="", help="time only variants whose label contains this text")
+    ap.add_argument("--only", default="", help="time only variants whose label holds one of these ';'-separated texts")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("decode_attention needs a CUDA GPU with FlashInfer")
@@ -152,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         kv_bytes = sum(context_lengths(args, bs)) * args.kv_heads * args.head_dim * 2 * 2  # K and V, bf16
         runs = [(label, time_variant, v) for label, *v in VARIANTS] + [(label, time_other, v) for label, *v in OTHERS]
         for label, timer, variant in runs:
-            if args.only not in label:
+            if not any(part in label for part in args.only.split(";")):
                 continue
             try:
                 us = timer(args, bs, *variant)

@@ -65,3 +65,13 @@ def test_tp_with_the_hf_engine_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--engine", "hf", "--tp", "2"])
     assert "--tp applies to minisgl only" in capsys.readouterr().err
+
+
+def test_profile_prefill_reports_a_batch_and_its_ops(tiny_llama, capsys):
+    from minisgl.benchmark import profile
+
+    args = ["--model", str(tiny_llama), "--prefill", "--batch-size", "3", "--prompt-len", "20"]
+    profile.main(args + ["--profile-steps", "2"])
+    out = capsys.readouterr().out
+    assert "prefill: 3 prompts of 20 tokens:" in out and "ms wall" in out
+    assert "aten::mm" in out  # the profiled batches ran the model's matmuls

@@ -7,6 +7,12 @@ Prints, per batch size (``--batch-size 256,64,16``), the wall time of a step (an
 the device time of its kernels: when wall time exceeds kernel time, the host is the bottleneck.
 Then the top device kernels and host operations of the first batch size's profiled steps.
 ``--trace PATH`` writes a Chrome trace of those steps (chrome://tracing).
+
+``--prefill`` times prefill instead: batches of ``--batch-size`` fresh prompts of ``--prompt-len``
+random tokens (one prefill batch when they fit the engine's 8,192-token budget), each answered with one
+token, then the top kernels of ``--profile-steps`` such batches:
+
+    python -m minisgl.benchmark.profile --model Qwen3-14B --dummy-weight --prefill --batch-size 14 --prompt-len 585
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--trace", default=None)
     ap.add_argument("--host-profile", action="store_true", help="also cProfile the host side of a few steps")
+    ap.add_argument("--prefill", action="store_true", help="profile prefill batches instead of decode steps")
     args = ap.parse_args(argv)
 
     sizes = [int(b) for b in str(args.batch_size).split(",")]
@@ -63,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     rng = random.Random(0)
+    if args.prefill:
+        prefill(llm, args, sizes[0], rng, acts, sync)
+        return
     total_steps = args.steps + args.profile_steps + 5
     for i, bs in enumerate(sizes):
         for uid in range(bs):
@@ -106,6 +116,41 @@ def main(argv: list[str] | None = None) -> None:
             sched.abort(uid)
         while sched.has_work:
             sched.step()
+
+
+def prefill(llm: LLM, args: argparse.Namespace, n: int, rng: random.Random, acts, sync) -> None:
+    """Wall time and top kernels of prefilling ``n`` fresh prompts (no prefix-cache hits)."""
+    from torch.profiler import profile
+
+    vocab = llm.scheduler.engine.model_config.vocab_size
+    params = SamplingParams(temperature=args.temperature, max_tokens=1, ignore_eos=True)
+
+    def once() -> None:
+        prompts = [[rng.randrange(0, vocab) for _ in range(args.prompt_len)] for _ in range(n)]
+        llm.generate(prompts, params, use_tqdm=False)
+
+    once()  # compiles and plans outside the timing
+    sync()
+    t = time.perf_counter()
+    for _ in range(args.profile_steps):
+        once()
+    sync()
+    wall = (time.perf_counter() - t) / args.profile_steps
+    with profile(activities=acts) as prof:
+        for _ in range(args.profile_steps):
+            once()
+        sync()
+    events = prof.key_averages()
+    cuda = torch.cuda.is_available()
+    device = torch.autograd.DeviceType.CUDA
+    kernel_ms = sum(e.self_device_time_total for e in events if e.device_type == device) / 1e3 / args.profile_steps
+    print(
+        f"prefill: {n} prompts of {args.prompt_len} tokens: {wall * 1e3:.1f} ms wall, "
+        f"{kernel_ms:.1f} ms of kernels (attention={llm.scheduler.engine.attn_backend.name})",
+        flush=True,
+    )
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(events.table(sort_by=key, row_limit=25, max_name_column_width=90))
 
 
 if __name__ == "__main__":

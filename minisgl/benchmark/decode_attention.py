@@ -29,6 +29,8 @@ VARIANTS = [
     ("tensor cores, page 16, NHD, graph plan, no split (engine)", 16, "NHD", True, True, True),
     ("tensor cores, page 16, HND, graph plan", 16, "HND", True, True, False),
     ("tensor cores, page 16, HND, graph plan, no split", 16, "HND", True, True, True),
+    ("tensor cores, page 64, NHD, graph plan, no split", 64, "NHD", True, True, True),
+    ("tensor cores, page 256, NHD, graph plan, no split", 256, "NHD", True, True, True),
     ("tensor cores, page 1, NHD, graph plan", 1, "NHD", True, True, False),
     ("CUDA cores, page 1, NHD, graph plan", 1, "NHD", False, True, False),
     ("CUDA cores, page 1, NHD, eager plan", 1, "NHD", False, False, False),

@@ -49,7 +49,7 @@ def unsplit_graph_plan(wrapper, batch_size: int) -> None:
     if fields[0] < batch_size:
         raise RuntimeError(f"FlashInfer planned {fields[0]} blocks for {batch_size} requests")
     fields[0] = batch_size
-    wrapper._plan_info = type(info)(fields) if not isinstance(info, list) else fields
+    wrapper._plan_info = type(info)(fields)  # FlashInfer's own container type (a tvm-ffi Array)
 
 
 def _workspace(device: torch.device) -> torch.Tensor:

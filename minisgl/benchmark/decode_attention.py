@@ -84,7 +84,8 @@ def _time(fn, iters: int) -> float:
 
 
 def time_other(args, bs: int, kind: str, page: int, layout: str) -> float:
-    """Microseconds per call of one layer's decode attention with XQA or the FA3 prefill kernel."""
+    """Microseconds per call of one layer's decode attention with XQA, the FA3 prefill kernel or the
+    persistent ``BatchAttention``."""
     import flashinfer
 
     dev, dt = "cuda", torch.bfloat16

@@ -22,8 +22,21 @@ import random
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from minisgl import LLM, SamplingParams
+
+
+def kernel_ms(events, steps: int) -> float:
+    """Device time of the profiled kernels, per step (0 on a CPU)."""
+    device = torch.autograd.DeviceType.CUDA
+    return sum(e.self_device_time_total for e in events if e.device_type == device) / 1e3 / steps
+
+
+def top_ops(events, rows: int) -> str:
+    """The profile's table of ops, by device time on a GPU, else by host time."""
+    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return events.table(sort_by=key, row_limit=rows, max_name_column_width=90)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,8 +79,6 @@ def main(argv: list[str] | None = None) -> None:
         sync()
         return (time.perf_counter() - t) / n
 
-    from torch.profiler import ProfilerActivity, profile
-
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     rng = random.Random(0)
     if args.prefill:
@@ -88,18 +99,15 @@ def main(argv: list[str] | None = None) -> None:
         with profile(activities=acts) as prof:
             run(args.profile_steps)
         events = prof.key_averages()
-        device = torch.autograd.DeviceType.CUDA
-        kernel_us = sum(e.self_device_time_total for e in events if e.device_type == device)
-        kernel_ms = kernel_us / 1e3 / args.profile_steps
         print(
             f"decode: batch {bs}, context ~{args.prompt_len}: {per_step * 1e3:.2f} ms/step wall, "
-            f"{kernel_ms:.2f} ms/step of kernels, host busy {(per_step - waited) * 1e3:.2f} ms/step, "
+            f"{kernel_ms(events, args.profile_steps):.2f} ms/step of kernels, "
+            f"host busy {(per_step - waited) * 1e3:.2f} ms/step, "
             f"{bs / per_step:,.0f} tok/s  (overlap={sched.overlap}, "
             f"graphs={'on' if sched.engine.graph_runner else 'off'}, attention={sched.engine.attn_backend.name})",
             flush=True,
         )
-        key = "self_device_time_total" if cuda else "self_cpu_time_total"
-        print(events.table(sort_by=key, row_limit=30, max_name_column_width=90))
+        print(top_ops(events, 30))
         if args.host_profile:  # where the host's time goes, by Python function
             import cProfile
             import pstats
@@ -120,8 +128,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def prefill(llm: LLM, args: argparse.Namespace, n: int, rng: random.Random, acts, sync) -> None:
     """Wall time and top kernels of prefilling ``n`` fresh prompts (no prefix-cache hits)."""
-    from torch.profiler import profile
-
     vocab = llm.scheduler.engine.model_config.vocab_size
     params = SamplingParams(temperature=args.temperature, max_tokens=1, ignore_eos=True)
 
@@ -141,16 +147,13 @@ def prefill(llm: LLM, args: argparse.Namespace, n: int, rng: random.Random, acts
             once()
         sync()
     events = prof.key_averages()
-    cuda = torch.cuda.is_available()
-    device = torch.autograd.DeviceType.CUDA
-    kernel_ms = sum(e.self_device_time_total for e in events if e.device_type == device) / 1e3 / args.profile_steps
     print(
         f"prefill: {n} prompts of {args.prompt_len} tokens: {wall * 1e3:.1f} ms wall, "
-        f"{kernel_ms:.1f} ms of kernels (attention={llm.scheduler.engine.attn_backend.name})",
+        f"{kernel_ms(events, args.profile_steps):.1f} ms of kernels "
+        f"(attention={llm.scheduler.engine.attn_backend.name})",
         flush=True,
     )
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    print(events.table(sort_by=key, row_limit=25, max_name_column_width=90))
+    print(top_ops(events, 25))
 
 
 if __name__ == "__main__":

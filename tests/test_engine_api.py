@@ -85,13 +85,13 @@ def test_request_larger_than_the_pool_is_rejected(tiny_llama):
 
 
 def test_default_page_size_follows_the_decode_backend():
-    """16-token pages where FlashInfer decodes, 1-token pages for the torch backend (the CPU path)."""
+    """64-token pages where FlashInfer decodes, 1-token pages for the torch backend (the CPU path)."""
     from minisgl.engine.config import EngineConfig
 
     assert EngineConfig(device="cpu").page_size == 1
     assert EngineConfig(attention_backend="torch").page_size == 1
-    assert EngineConfig(attention_backend="fi").page_size == 16
-    assert EngineConfig(attention_backend="torch,fi").page_size == 16
+    assert EngineConfig(attention_backend="fi").page_size == 64
+    assert EngineConfig(attention_backend="torch,fi").page_size == 64
     assert EngineConfig(attention_backend="fa3,torch").page_size == 1
     assert EngineConfig(attention_backend="fi", page_size=4).page_size == 4
 

@@ -43,7 +43,7 @@ def gpu_models(tmp_path_factory):
 def prompts() -> list[list[int]]:
     rng = random.Random(0)
     r = lambda n: [rng.randrange(3, 4096) for _ in range(n)]
-    base = r(48)
+    base = r(80)  # prefix hits of a 64-token page too
     return [base + r(20), base + r(5), r(7), base[:30], r(150), list(base + r(3))]
 
 
@@ -77,7 +77,7 @@ def references(gpu_models):
 CASES = [
     (backend, page, graphs, overlap)
     for backend in ("torch", "fi", "fa3", "fa3,fi")
-    for page in (1, 16)
+    for page in (1, 16, 64)
     for graphs, overlap in ((8, True), (0, False))
 ]
 
@@ -109,7 +109,7 @@ def test_cuda_core_decode_matches_torch(gpu_models, references, page, monkeypatc
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
-@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("page", [1, 16, 64])
 def test_unsplit_decode_graphs_match_torch(gpu_models, references, model, page, monkeypatch):
     """Captured decode sizes from 4 up plan without split-KV (the engine does so from 32 up), smaller
     ones with it, in one process: batches of 3 run in the graph of 4 with a dummy request."""
@@ -135,7 +135,7 @@ def test_auto_picks_fa3_fi_on_hopper(gpu_models):
     backend = llm.scheduler.engine.attn_backend
     assert getattr(backend, "decode", backend).tensor_cores
     assert llm.scheduler.engine.dtype == torch.bfloat16 and llm.scheduler.overlap
-    assert llm.scheduler.page_size == llm.scheduler.engine.kv_pool.page_size == 16
+    assert llm.scheduler.page_size == llm.scheduler.engine.kv_pool.page_size == 64
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen3"])

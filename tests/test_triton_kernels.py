@@ -54,6 +54,23 @@ def test_sampler_draws_what_the_torch_sampler_draws(chunk):
     assert alone.item() == tokens[7].item()  # a row's draw does not depend on the batch
 
 
+def test_sampler_reads_bf16_logits_as_their_float32_values():
+    """The engine hands the sampler bf16 logits (no float32 copy): the draws are those of the same
+    values in float32, row for row, strided rows (a vocabulary slice) included."""
+    g = torch.Generator().manual_seed(1)
+    b, v = 32, 9000
+    wide = (torch.randn(b, v + 24, generator=g) * 4).to(DEVICE, torch.bfloat16)
+    logits = wide[:, :v]  # the LM head's slice of a padded vocabulary
+    temps = (torch.rand(b, generator=g) + 0.1).to(DEVICE)
+    temps[::4] = 0.0
+    seeds = torch.randint(0, 2**62, (b,), generator=g).to(DEVICE)
+    steps = torch.randint(0, 4096, (b,), generator=g).to(DEVICE)
+    got = triton_kernels.sample(logits, temps, seeds, steps, chunk=1024)
+    assert torch.equal(got, triton_kernels.sample(logits.float(), temps, seeds, steps, chunk=1024))
+    info = SamplingInfo(temps, torch.full((b,), v), torch.ones(b), seeds, steps, False, False, False)
+    assert torch.equal(torch_sample(logits, info), torch_sample(logits.float(), info))
+
+
 def test_sampler_follows_the_distribution():
     """A 4-token distribution sampled with 1,000 (seed, step) pairs: frequencies match softmax(l/T)
     (ignoring T would be 0.12 away in total variation; this draw is 0.002 away)."""

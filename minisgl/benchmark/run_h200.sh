@@ -17,6 +17,7 @@ for model in Qwen3-0.6B Qwen3-14B; do
   bench --model "$model" --cuda-graph-max-bs 0 --tag "no-cuda-graph"
   MINISGL_FUSED_KERNELS=0 bench --model "$model" --tag "no-fused-kernels"
   bench --model "$model" --page-size 1 --tag "page-size-1"
+  bench --model "$model" --page-size 16 --tag "page-size-16"
   bench --model "$model" --page-size 256 --tag "page-size-256"
   if [ "$model" = Qwen3-0.6B ]; then MINISGL_FI_TENSOR_CORES=0 bench --model "$model" --tag "cuda-core-decode"; fi
 done

@@ -161,7 +161,7 @@ class Engine:
         inside the first request that asks for a temperature (about a second with Triton)."""
         vocab = self.model_config.vocab_size
         info = SamplingInfo.plain(1, 1.0, vocab, self.device)
-        self.sampler.sample(torch.zeros(1, vocab, device=self.device), info)
+        self.sampler.sample(torch.zeros(1, vocab, dtype=self.dtype, device=self.device), info)
 
     @torch.inference_mode()
     def forward_batch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:

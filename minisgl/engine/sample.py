@@ -114,7 +114,8 @@ def filter_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
 
 
 class Sampler(ABC):
-    """Turns a batch's logits ``[B, vocab]`` (float32) into token ids ``[B]`` (int64)."""
+    """Turns a batch's logits ``[B, vocab]`` (the model's dtype; probabilities are computed in float32)
+    into token ids ``[B]`` (int64)."""
 
     @abstractmethod
     def sample(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor: ...
@@ -127,6 +128,7 @@ class DefaultSampler(Sampler):
         tri = triton_ops(logits)
         if tri is not None and not (info.need_top_k or info.need_top_p):  # GPU: two kernels, same draw
             return tri.sample(logits, info.temperatures, info.seeds, info.steps)
+        logits = logits.float()
         greedy = logits.argmax(dim=-1)
         cdf = filter_logits(logits, info).softmax(dim=-1).cumsum(dim=-1)
         target = uniform(info.seeds, info.steps).to(cdf.dtype)[:, None] * cdf[:, -1:]

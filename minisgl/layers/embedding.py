@@ -39,8 +39,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits over the full vocabulary (float32) for the rows of ``hidden`` it is given. With tied
-    embeddings the weight *is* the embedding's parameter."""
+    """Logits over the full vocabulary, in the weights' dtype, for the rows of ``hidden`` it is given.
+    With tied embeddings the weight *is* the embedding's parameter. They stay in that dtype: a bf16 to
+    float32 copy of a batch of 256 x 151,936 logits writes 155 MB per step, and the sampler's kernels
+    read bf16 and compute in float32 (the exact same values)."""
 
     def __init__(self, vocab_size: int, hidden: int, tie_to: VocabParallelEmbedding | None = None):
         super().__init__(vocab_size, hidden)
@@ -51,4 +53,4 @@ class ParallelLMHead(VocabParallelEmbedding):
         logits = F.linear(hidden, self.weight)
         if get_tp_info().size > 1:
             logits = all_gather(logits, dim=-1)
-        return logits[:, : self.vocab_size].float()
+        return logits[:, : self.vocab_size]

@@ -116,7 +116,7 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tie_to=tie)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_idx: torch.Tensor) -> torch.Tensor:
-        """Float32 logits ``[len(logit_idx), vocab]`` for the rows ``logit_idx`` of the batch
+        """Logits ``[len(logit_idx), vocab]`` (the model's dtype) for the rows ``logit_idx`` of the batch
         (the last token of each request: the only ones a sampler needs)."""
         hidden = self.model(input_ids, positions)
         return self.lm_head(hidden[logit_idx])

@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from minisgl.engine.config import PAGE_SIZE_HELP
+
 
 def measure(args: argparse.Namespace, chunk: int | None) -> dict:
     from minisgl import LLM, SamplingParams
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--model", default=None)
     ap.add_argument("--dummy-weight", action="store_true")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on FlashInfer, else 1)")
+    ap.add_argument("--page-size", type=int, default=None, help=PAGE_SIZE_HELP)
     ap.add_argument("--prompt-len", type=int, default=4096)
     ap.add_argument("--chunks", nargs="+", default=["256", "1024", "none"], help="chunk sizes; 'none' = unlimited")
     ap.add_argument("--json", default=None)

@@ -34,6 +34,7 @@ import torch
 
 from minisgl.benchmark import append_result
 from minisgl.core import SamplingParams
+from minisgl.engine.config import PAGE_SIZE_HELP
 
 
 @dataclass
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default=None, help="model folder; omitted = the embedded model")
     ap.add_argument("--dummy-weight", action="store_true")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on FlashInfer, else 1)")
+    ap.add_argument("--page-size", type=int, default=None, help=PAGE_SIZE_HELP)
     ap.add_argument("--cache-type", "--cache", default="radix")
     ap.add_argument("--attention-backend", "--attn", default="auto")
     ap.add_argument("--tp-size", "--tp", type=int, default=1, help="tensor-parallel ranks (one GPU each)")

@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minisgl import LLM, SamplingParams
+from minisgl.engine.config import PAGE_SIZE_HELP
 
 
 def kernel_ms(events, steps: int) -> float:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--profile-steps", type=int, default=10)
-    ap.add_argument("--page-size", type=int, default=None, help="default: the engine's (16 on FlashInfer, else 1)")
+    ap.add_argument("--page-size", type=int, default=None, help=PAGE_SIZE_HELP)
     ap.add_argument("--attention-backend", "--attn", default="auto")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=0.6)

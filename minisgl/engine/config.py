@@ -15,6 +15,7 @@ import torch
 # each hit; 64 tokens is little next to a chat's history, and a 256-token page would never share a
 # shorter system prompt.
 FLASHINFER_PAGE_SIZE = 64
+PAGE_SIZE_HELP = f"tokens per KV page (default {FLASHINFER_PAGE_SIZE} where FlashInfer decodes, else 1)"
 
 
 @dataclass

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
+from minisgl.engine.config import PAGE_SIZE_HELP
+
 EPILOG = """\
 environment variables:
   MINISGL_DISABLE_OVERLAP_SCHEDULING=1  run the plain scheduler loop even on CUDA
@@ -82,9 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--cache-type", "--cache", dest="cache_type", default="radix", choices=["radix", "naive"], help="prefix cache"
     )
-    ap.add_argument(
-        "--page-size", type=int, default=None, help="tokens per KV page (default 16 with FlashInfer decode, else 1)"
-    )
+    ap.add_argument("--page-size", type=int, default=None, help=PAGE_SIZE_HELP)
     ap.add_argument("--num-pages", type=int, default=None, help="KV pool size in pages (default: from memory)")
     ap.add_argument(
         "--memory-ratio",

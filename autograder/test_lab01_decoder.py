@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from autograder.adapters import lab01 as lab
 from autograder.checks import check_tensor, describe, first_token_difference
-from autograder.plugin import engine, points
-from autograder.swapin import generate_rounds, lab01_components
+from autograder.engine_runs import generate_rounds
+from autograder.points import engine, points
 from minisgl.layers.activation import silu_and_mul as ref_silu_and_mul
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
@@ -403,7 +403,7 @@ def _prompts(model, lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def _swap_in(model, rounds, max_tokens: int = 8, **engine_args) -> None:
-    with lab01_components(lab) as counts:
+    with lab.lab01_components() as counts:
         try:
             got, _, _ = generate_rounds(model, rounds, max_tokens, attention_backend="lab01", **engine_args)
         except (NotImplementedError, AssertionError):

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from autograder.adapters import lab06 as lab
 from autograder.checks import first_token_difference
-from autograder.plugin import engine, points
-from autograder.swapin import generate_rounds, registered_cache
+from autograder.engine_runs import generate_rounds
+from autograder.points import engine, points
 from minisgl.kvcache.radix import RadixPrefixCache
 from minisgl.models.config import ModelConfig
 
@@ -387,7 +387,7 @@ def test_engine_shares_prefixes(tiny_llama, page_size):
     cls(page_size).match_prefix([1, 2, 3])  # a stub fails here, before any engine is built
     rounds = _rounds(tiny_llama)
     args = dict(page_size=page_size, num_pages=128 // page_size, debug_checks=True, attention_backend="torch")
-    with registered_cache(cls) as name:
+    with lab.registered_cache(cls) as name:
         try:
             got, got_cached, stats = generate_rounds(tiny_llama, rounds, cache_type=name, **args)
         except (NotImplementedError, AssertionError) as e:

@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random HF models (Llama with rope scaling, Qwen3 with head_dim !=
-hidden/heads) saved once per session, and the embedded model's folder."""
+hidden/heads; built by ``tiny_models.py``) saved once per session, and the embedded model's folder."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import save_tiny_model
 
 # Tests share two cores with servers and notebooks: one intra-op thread each avoids stalls.
 torch.set_num_threads(1)
@@ -26,22 +27,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-# the tiny models at head_dim 128 (what FlashInfer and the Triton kernels need), for the GPU tests
-# and the bf16-vs-float32 test
-HEAD_DIM_128 = dict(vocab_size=4096, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
-
-
-def save_tiny_model(kind: str, path: Path, tokenizer: bool = True, **overrides) -> Path:
-    """A random model (``autograder.models.CONFIGS``: Llama with llama3 rope scaling, Qwen3 with
-    head_dim != hidden/heads) with a copy of the embedded tokenizer (same vocabulary size, so text
-    prompts work through the server too). The Llama one is saved in several shards
-    (``model.safetensors.index.json``) to test that path."""
-    from autograder.models import build_tiny_model
-
-    shard = "2MB" if kind == "llama" else "5GB"
-    return build_tiny_model(kind, path, tokenizer=tokenizer, max_shard_size=shard, **overrides)
 
 
 @pytest.fixture(scope="session")

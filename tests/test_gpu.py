@@ -12,9 +12,9 @@ import random
 
 import pytest
 import torch
-from conftest import HEAD_DIM_128, save_tiny_model
 from greedy_compare import LogitRecorder, compare_greedy
 from hf_ref import hf_greedy
+from tiny_models import HEAD_DIM_128, save_tiny_model
 
 from minisgl import LLM, SamplingParams
 

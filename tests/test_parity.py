@@ -139,8 +139,8 @@ def test_embedded_model_matches_hf(embedded_path, embedded_refs, cfg):
 def test_bfloat16_agrees_with_float32(kind, tmp_path):
     """The CPU default dtype (bf16 where the CPU has it) against float32 on the same model: logits
     within 1.0 (bf16 rounds the weights too) and tokens equal up to near-ties (greedy_compare)."""
-    from conftest import HEAD_DIM_128, save_tiny_model
     from greedy_compare import LogitRecorder, compare_greedy
+    from tiny_models import HEAD_DIM_128, save_tiny_model
 
     path = save_tiny_model(kind, tmp_path, tokenizer=False, **HEAD_DIM_128)
     distinct = dict.fromkeys(tuple(t % 4096 for t in p[:60]) for p in shared_prefix_prompts())

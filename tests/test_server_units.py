@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from minisgl.core import SamplingParams
 from minisgl.message import BatchTokenMsg, GenerateMsg, ReadyMsg, ReplyMsg, TokenMsg, decode, encode
-from minisgl.server.api import Seq, format_validation_errors
 from minisgl.server.args import parse_args
+from minisgl.server.errors import format_validation_errors
+from minisgl.server.generation import Seq
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest
 
 

@@ -156,7 +156,7 @@ async def _watch(server, fe, procs: list[mp.Process], args: ServerArgs, state: d
 async def _serve(args: ServerArgs, addrs: Addresses, sock: socket.socket, procs: list[mp.Process]) -> int:
     import uvicorn
 
-    from minisgl.server.api import create_app
+    from minisgl.server.app import create_app
 
     app = create_app(addrs, args.api_key)
     app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats

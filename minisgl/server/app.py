@@ -1,0 +1,41 @@
+"""The API server's FastAPI app: FastAPI routes in front, the ZMQ pipeline behind.
+
+``errors`` (OpenAI-shaped errors), ``middleware`` (API key, body size), ``frontend`` (the ZMQ
+client), ``generation`` (one request's sequences, stop strings, streaming), and the routes in
+``openai_routes`` and ``native_routes``.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from minisgl.server import native_routes, openai_routes
+from minisgl.server.errors import install_error_handlers
+from minisgl.server.frontend import Frontend
+from minisgl.server.middleware import Guard
+from minisgl.server.process import Addresses
+
+
+def create_app(addrs: Addresses, api_key: str | None = None) -> FastAPI:
+    """The app, with its ``Frontend`` in ``app.state.frontend``; the launcher may put the worker
+    pids in ``app.state.processes`` (``GET /stats`` shows them)."""
+    fe = Frontend(addrs)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await fe.start()
+        try:
+            yield
+        finally:
+            fe.fail_all("the server is shutting down")
+            fe.close()
+
+    app = FastAPI(title="minisgl", lifespan=lifespan)
+    app.state.frontend = fe
+    app.add_middleware(Guard, api_key=api_key)
+    install_error_handlers(app)
+    app.include_router(native_routes.router)
+    app.include_router(openai_routes.router)
+    return app

@@ -1,0 +1,148 @@
+"""The OpenAI-compatible routes: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from minisgl.core import SamplingParams
+from minisgl.message import TokenizeMsg
+from minisgl.server.errors import ApiError
+from minisgl.server.frontend import Frontend, frontend_of
+from minisgl.server.generation import Generation, Seq, checked_sampling, stream_chunker, stream_or_collect
+from minisgl.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
+
+router = APIRouter()
+
+
+def model_name(fe: Frontend) -> str:
+    return str(fe.info.get("model", "minisgl"))
+
+
+def model_card(info: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": str(info.get("model", "minisgl")),
+        "object": "model",
+        "created": 0,
+        "owned_by": "minisgl",
+        "max_model_len": info.get("max_seq_len"),
+    }
+
+
+def check_common(fe: Frontend, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> None:
+    fe.check_ready()
+    bad = req.unsupported_field()
+    if bad is not None:
+        raise ApiError(400, f"{bad} is not supported by this server", param=bad)
+    ctx = int(fe.info["max_seq_len"])
+    if max_tokens is not None and max_tokens > ctx:
+        raise ApiError(400, f"max_tokens is {max_tokens} but the model's context is {ctx} tokens", "max_tokens")
+
+
+def choice_sampling(sp: SamplingParams, j: int) -> SamplingParams:
+    # the n choices of a seeded request must differ, and still be repeatable
+    return sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j) % 2**63)
+
+
+def response_body(gen: Generation, rid: str, kind: str, model: str, choices: list[dict]) -> dict[str, Any]:
+    return {"id": rid, "object": kind, "created": gen.created, "model": model, "choices": choices, "usage": gen.usage()}
+
+
+def usage_tail(chunk: Callable[..., str], gen: Generation, include_usage: bool) -> Callable[[], list[str]]:
+    """The last chunk of a stream before ``[DONE]``: the usage, if the client asked for it."""
+    return lambda: [chunk([], gen.usage())] if include_usage else []
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    fe = frontend_of(request)
+    fe.check_ready()
+    return {"object": "list", "data": [model_card(fe.info)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request):
+    fe = frontend_of(request)
+    fe.check_ready()
+    if model_id != model_name(fe):
+        raise ApiError(404, f"model {model_id!r} not found; this server serves {model_name(fe)!r}", "model")
+    return model_card(fe.info)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request):
+    fe = frontend_of(request)
+    max_tokens = req.requested_max_tokens
+    check_common(fe, req, max_tokens)
+    sp = checked_sampling(req.sampling(max_tokens or 1))
+    messages = [m.as_template_input() for m in req.messages]
+    msgs = [
+        TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), messages=messages, auto_max_tokens=max_tokens is None)
+        for j in range(req.n)
+    ]
+    gen = Generation(fe, msgs, req.stop, req.n)
+    rid, model = f"chatcmpl-{uuid.uuid4().hex}", model_name(fe)
+    chunk = stream_chunker(rid, "chat.completion.chunk", gen.created, model, req.include_usage)
+
+    def delta(s: Seq, d: dict, reason: str | None) -> str:
+        return chunk([{"index": s.index, "delta": d, "logprobs": None, "finish_reason": reason}])
+
+    def events(s: Seq):
+        text = s.take_text()
+        if text:
+            yield delta(s, {"content": text}, None)
+        reason = s.take_finish()
+        if reason:
+            yield delta(s, {}, reason)
+
+    def body() -> dict[str, Any]:
+        choices = [
+            {
+                "index": s.index,
+                "message": {"role": "assistant", "content": s.text},
+                "logprobs": None,
+                "finish_reason": s.finish_reason,
+            }
+            for s in gen.seqs
+        ]
+        return response_body(gen, rid, "chat.completion", model, choices)
+
+    roles = (delta(s, {"role": "assistant", "content": ""}, None) for s in gen.seqs)
+    tail = usage_tail(chunk, gen, req.include_usage)
+    return await stream_or_collect(gen, request, req.stream, events, body, head=roles, tail=tail)
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request):
+    fe = frontend_of(request)
+    check_common(fe, req, req.max_tokens)
+    sp = checked_sampling(req.sampling(req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS))
+    msgs = []
+    for p in req.prompts():
+        for j in range(req.n):
+            text, ids = (p, None) if isinstance(p, str) else (None, p)
+            msgs.append(TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), text=text, input_ids=ids))
+    gen = Generation(fe, msgs, req.stop, req.n)
+    rid, model = f"cmpl-{uuid.uuid4().hex}", model_name(fe)
+    chunk = stream_chunker(rid, "text_completion", gen.created, model, req.include_usage)
+
+    def events(s: Seq):
+        # a chunk per step with new tokens, even if their text is not complete yet (or the model
+        # has no tokenizer): clients time tokens by chunks
+        text, new_ids = s.take_text(), s.take_ids()
+        reason = s.take_finish()
+        if text or new_ids or reason:
+            yield chunk([{"index": s.index, "text": text, "logprobs": None, "finish_reason": reason}])
+
+    def body() -> dict[str, Any]:
+        choices = [
+            {"index": s.index, "text": s.text, "logprobs": None, "finish_reason": s.finish_reason} for s in gen.seqs
+        ]
+        return response_body(gen, rid, "text_completion", model, choices)
+
+    tail = usage_tail(chunk, gen, req.include_usage)
+    return await stream_or_collect(gen, request, req.stream, events, body, tail=tail)

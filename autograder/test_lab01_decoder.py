@@ -405,7 +405,7 @@ def _prompts(model, lengths: list[int], seed: int) -> list[list[int]]:
 def _swap_in(model, rounds, max_tokens: int = 8, **engine_args) -> None:
     with lab.lab01_components() as counts:
         try:
-            got, _, _ = generate_rounds(model, rounds, max_tokens, attention_backend="lab01", **engine_args)
+            got, _, _ = generate_rounds(model, rounds, max_tokens, **lab.ENGINE_ARGS, **engine_args)
         except (NotImplementedError, AssertionError):
             raise
         except Exception as e:

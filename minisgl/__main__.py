@@ -6,9 +6,15 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from minisgl.env import ENV
     from minisgl.server.args import parse_args
 
     args = parse_args(argv)
+    try:
+        ENV.check()
+    except ValueError as e:
+        print(f"minisgl: {e}", file=sys.stderr)
+        return 2
     if args.shell:
         from minisgl.server.shell import run_shell
 

@@ -1,4 +1,4 @@
-"""The data model: sampling parameters, a request, a batch, and the forward context.
+"""The data model: sampling parameters, a request, a batch, and the error a bad request raises.
 
 The life of a request, in lengths (positions are token indices in the request's sequence)::
 
@@ -19,41 +19,48 @@ which overlap scheduling needs); outputs are appended when the sampled token rea
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
-if TYPE_CHECKING:
-    from minisgl.attention.base import AttentionBackend
+
+class RequestError(ValueError):
+    """A request that cannot run, and why: the one error every entry point (``LLM``, the server)
+    reports. ``param`` names the offending field; ``code`` is OpenAI's error code, if it has one."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
 
 
 @dataclass
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy; ``top_k <= 0`` and ``top_p == 1``
-    disable those filters. ``seed`` makes a sampled request repeatable whatever it is batched with."""
+    disable those filters. ``seed`` makes a sampled request repeatable whatever it is batched with.
+    ``max_tokens=None``: up to the end of the context (or of the KV pool, whichever is smaller)."""
 
     temperature: float = 0.0
     top_k: int = -1
     top_p: float = 1.0
-    max_tokens: int = 256
+    max_tokens: int | None = 256
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field and what to change."""
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        """Raise ``RequestError`` naming the field and what to change."""
+        m = self.max_tokens
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
+            raise RequestError(f"max_tokens must be a positive integer, got {m!r}", "max_tokens")
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+            raise RequestError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}", "temperature")
         if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise ValueError(f"top_k must be an integer (<= 0 disables it), got {self.top_k!r}")
+            raise RequestError(f"top_k must be an integer (<= 0 disables it), got {self.top_k!r}", "top_k")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+            raise RequestError(f"seed must be a non-negative integer, got {self.seed!r}", "seed")
 
     @property
     def is_greedy(self) -> bool:
@@ -65,7 +72,11 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass(eq=False)
 class Req:
-    """One request inside the scheduler. ``eq=False``: requests compare (and hash) by identity."""
+    """One request inside the scheduler. ``eq=False``: requests compare (and hash) by identity.
+
+    Its counters change only through the methods below, in this order: ``admit`` (a row and a
+    cached prefix), then per batch ``extend_to`` (and ``grow_alloc`` for new KV pages), per sampled
+    token ``append_token``, and ``finish`` once. ``sampling.max_tokens`` is resolved (never None)."""
 
     uid: int
     input_ids: list[int]
@@ -100,8 +111,51 @@ class Req:
         """True while one more decode step may still produce a wanted token."""
         return self.finish_reason is None and self.device_len < self.max_device_len
 
+    @property
+    def is_admitted(self) -> bool:
+        return self.table_idx >= 0
+
     def all_token_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
+
+    # ---- state changes -----------------------------------------------------------------------
+    def admit(self, row: int, hit_len: int, handle: Any) -> None:
+        """Takes request-table ``row``; its first ``hit_len`` tokens come from the prefix cache,
+        locked by ``handle`` (their KV is written: prefill starts after them)."""
+        self.table_idx, self.cache_handle = row, handle
+        self.hit_len = self.locked_len = self.cached_len = self.alloc_len = hit_len
+
+    def extend_to(self, end: int) -> bool:
+        """A batch computes positions ``[cached_len, end)``. Returns whether its sample is kept:
+        only a pass that reaches ``device_len`` (not a mid-prompt chunk), which then grows by one."""
+        assert self.cached_len < end <= self.device_len, (self.cached_len, end, self.device_len)
+        self.cached_len = end
+        if end < self.device_len:
+            return False
+        self.device_len += 1
+        return True
+
+    def grow_alloc(self, alloc_len: int) -> None:
+        """Positions ``[0, alloc_len)`` now have KV slots."""
+        self.alloc_len = max(self.alloc_len, alloc_len)
+
+    def relock(self, locked_len: int, handle: Any) -> None:
+        """The prefix cache now owns (and this request locks) positions ``[0, locked_len)``."""
+        self.locked_len, self.cache_handle = locked_len, handle
+
+    def append_token(self, token_id: int, eos_ids: set[int]) -> FinishReason | None:
+        """A sampled token reached the host; returns the finish reason if it is the last one."""
+        self.output_ids.append(token_id)
+        s = self.sampling
+        if token_id in s.stop_token_ids or (not s.ignore_eos and token_id in eos_ids):
+            return "stop"
+        if self.prompt_len + len(self.output_ids) >= self.max_device_len:
+            return "length"
+        return None
+
+    def finish(self, reason: FinishReason) -> None:
+        """Done: it holds no row any more (its memory was released or cached)."""
+        self.finish_reason, self.table_idx = reason, -1
 
 
 @dataclass(eq=False)
@@ -141,29 +195,3 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return sum(e - s for s, e in zip(self.starts, self.ends))
-
-
-@dataclass
-class ForwardContext:
-    """What a layer deep inside the model needs but should not be passed through every call."""
-
-    batch: Batch | None = None
-    attn_backend: AttentionBackend | None = None  # owns the KV pool it reads and writes
-
-
-_CTX = ForwardContext()
-
-
-def get_ctx() -> ForwardContext:
-    return _CTX
-
-
-@contextmanager
-def forward_context(batch: Batch, attn_backend: AttentionBackend):
-    """Several engines may live in one process (tests, notebooks): each pass sets its own."""
-    saved = (_CTX.batch, _CTX.attn_backend)
-    _CTX.batch, _CTX.attn_backend = batch, attn_backend
-    try:
-        yield _CTX
-    finally:
-        _CTX.batch, _CTX.attn_backend = saved

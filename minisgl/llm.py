@@ -35,13 +35,13 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any):
         self.config = EngineConfig.from_kwargs(model=model, **engine_args)
         if self.config.tp_size > 1:
-            from minisgl.distributed.launch import TPScheduler
+            from minisgl.scheduler.replicated import TPScheduler
 
             self.scheduler = TPScheduler(self.config)
         else:
             self.scheduler = Scheduler(self.config)
         self.tokenizer = load_tokenizer(self.scheduler.engine.model_path)
-        self.scheduler.eos_ids |= eos_token_ids(self.tokenizer)
+        self.scheduler.add_eos_ids(eos_token_ids(self.tokenizer))
         self._uids = itertools.count()
 
     @property
@@ -64,7 +64,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order. All prompts are checked
-        before any runs: a bad one raises ``ValueError`` and nothing is queued."""
+        before any runs: a bad one raises ``RequestError`` (a ``ValueError``) and nothing is queued."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]

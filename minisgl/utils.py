@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
+from minisgl.env import ENV
+
 _NULL = contextlib.nullcontext()
-_NVTX = torch.cuda.is_available() and os.environ.get("MINISGL_NVTX", "1") != "0"
+_NVTX = torch.cuda.is_available() and ENV.nvtx
 
 
 def nvtx_range(name: str):

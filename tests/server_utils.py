@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,10 @@ from pathlib import Path
 
 import httpx
 
+from minisgl.process import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_env(**extra: str) -> dict[str, str]:

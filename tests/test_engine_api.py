@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minisgl import LLM, SamplingParams
+from minisgl.core import RequestError
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,19 @@ def test_stop_token_and_eos_finish_with_stop(llm):
 
 
 def test_output_stops_at_the_context(tiny_llama):
+    """A prompt + max_tokens past the context stops at the context; max_tokens alone past it, or a
+    prompt that fills it, is refused (the same rule and text as the server's)."""
     llm = LLM(str(tiny_llama), dtype="float32", max_seq_len=20)
-    (out,) = llm.generate([[1] * 15], SamplingParams(max_tokens=100, ignore_eos=True), use_tqdm=False)
+    (out,) = llm.generate([[1] * 15], SamplingParams(max_tokens=10, ignore_eos=True), use_tqdm=False)
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    with pytest.raises(RequestError, match="max_tokens is 21 but the model's context is 20 tokens") as e:
+        llm.generate([[1] * 15], SamplingParams(max_tokens=21), use_tqdm=False)
+    assert e.value.param == "max_tokens"
+    with pytest.raises(RequestError, match="context is 20 tokens") as e:
+        llm.generate([[1] * 20], SamplingParams(max_tokens=1), use_tqdm=False)
+    assert e.value.code == "context_length_exceeded"
+    (out,) = llm.generate([[1] * 15], SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False)
+    assert len(out.token_ids) == 5, "max_tokens=None: the rest of the context"
 
 
 BAD = [

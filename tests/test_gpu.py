@@ -17,6 +17,9 @@ from hf_ref import hf_greedy
 from tiny_models import HEAD_DIM_128, save_tiny_model
 
 from minisgl import LLM, SamplingParams
+from minisgl.env import ENV
+
+PLAIN, OVERLAP = {"loop": "plain"}, {"loop": "overlap"}  # the scheduler loops
 
 pytestmark = pytest.mark.gpu
 
@@ -69,7 +72,7 @@ def assert_same_greedy(got, ref, atol: float = LOGIT_ATOL) -> None:
 @pytest.fixture(scope="module")
 def references(gpu_models):
     return {
-        k: run(p, attention_backend="torch", cuda_graph_max_bs=0, overlap_scheduling=False, max_prefill_length=64)[:2]
+        k: run(p, attention_backend="torch", cuda_graph_max_bs=0, components=PLAIN, max_prefill_length=64)[:2]
         for k, p in gpu_models.items()
     }
 
@@ -90,7 +93,7 @@ def test_backend_matches_torch(gpu_models, references, model, backend, page, gra
         attention_backend=backend,
         page_size=page,
         cuda_graph_max_bs=graphs,
-        overlap_scheduling=overlap,
+        components=OVERLAP if overlap else PLAIN,
         max_prefill_length=64,
     )
     assert llm.scheduler.engine.attn_backend.name == backend
@@ -102,7 +105,7 @@ def test_backend_matches_torch(gpu_models, references, model, backend, page, gra
 @pytest.mark.parametrize("page", [1, 16])
 def test_cuda_core_decode_matches_torch(gpu_models, references, page, monkeypatch):
     """The CUDA-core decode kernel (``MINISGL_FI_TENSOR_CORES=0``; tensor cores are the default)."""
-    monkeypatch.setenv("MINISGL_FI_TENSOR_CORES", "0")
+    monkeypatch.setattr(ENV, "fi_tensor_cores", False)
     tokens, logits, llm = run(gpu_models["qwen3"], attention_backend="fi", page_size=page, cuda_graph_max_bs=8)
     assert not llm.scheduler.engine.attn_backend.tensor_cores
     assert_same_greedy((tokens, logits), references["qwen3"])
@@ -113,7 +116,7 @@ def test_cuda_core_decode_matches_torch(gpu_models, references, page, monkeypatc
 def test_unsplit_decode_graphs_match_torch(gpu_models, references, model, page, monkeypatch):
     """Captured decode sizes from 4 up plan without split-KV (the engine does so from 32 up), smaller
     ones with it, in one process: batches of 3 run in the graph of 4 with a dummy request."""
-    monkeypatch.setenv("MINISGL_FI_NO_SPLIT_MIN_BS", "4")
+    monkeypatch.setattr(ENV, "fi_no_split_min_bs", 4)
     tokens, logits, llm = run(gpu_models[model], attention_backend="fa3,fi", page_size=page, cuda_graph_max_bs=8)
     decode = llm.scheduler.engine.attn_backend.decode
     assert decode.no_split_min_bs == 4 and sorted(decode.graph_wrappers) == [1, 2, 4, 8]
@@ -134,7 +137,7 @@ def test_auto_picks_fa3_fi_on_hopper(gpu_models):
     assert llm.scheduler.engine.attn_backend.name == expected
     backend = llm.scheduler.engine.attn_backend
     assert getattr(backend, "decode", backend).tensor_cores
-    assert llm.scheduler.engine.dtype == torch.bfloat16 and llm.scheduler.overlap
+    assert llm.scheduler.engine.dtype == torch.bfloat16 and llm.scheduler.config.loop == "overlap"
     assert llm.scheduler.page_size == llm.scheduler.engine.kv_pool.page_size == 64
 
 
@@ -142,7 +145,12 @@ def test_auto_picks_fa3_fi_on_hopper(gpu_models):
 def test_hf_parity_on_gpu_float32(gpu_models, model):
     path = gpu_models[model]
     llm = LLM(
-        str(path), dtype="float32", device="cuda", attention_backend="torch", overlap_scheduling=True, num_pages=4096
+        str(path),
+        dtype="float32",
+        device="cuda",
+        attention_backend="torch",
+        components={"loop": "overlap"},
+        num_pages=4096,
     )
     ps = prompts()
     outs = llm.generate(ps, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
@@ -153,8 +161,8 @@ def test_hf_parity_on_gpu_float32(gpu_models, model):
 def test_graph_replay_is_used_and_padding_is_harmless(gpu_models):
     """Batches of 3 and 5 run through the graphs of 4 and 8 and give the eager tokens (up to near-ties)."""
     llama = gpu_models["llama"]
-    eager = run(llama, attention_backend="fi", cuda_graph_max_bs=0, overlap_scheduling=False)[:2]
-    tokens, logits, llm = run(llama, attention_backend="fi", cuda_graph_max_bs=8, overlap_scheduling=False)
+    eager = run(llama, attention_backend="fi", cuda_graph_max_bs=0, components=PLAIN)[:2]
+    tokens, logits, llm = run(llama, attention_backend="fi", cuda_graph_max_bs=8, components=PLAIN)
     runner = llm.scheduler.engine.graph_runner
     assert runner.sizes == [1, 2, 4, 8]
     assert_same_greedy((tokens, logits), eager)
@@ -170,12 +178,12 @@ def test_fused_kernels_keep_the_unfused_tokens(gpu_models, model, monkeypatch):
     import minisgl.kernels as kernels
 
     fused, fused_logits, _ = run(gpu_models[model], attention_backend="fa3,fi", cuda_graph_max_bs=8)
-    monkeypatch.setenv("MINISGL_FUSED_KERNELS", "0")
+    monkeypatch.setattr(ENV, "fused_kernels", False)
     kernels._triton.cache_clear(), kernels._flashinfer.cache_clear()
     try:
         plain, plain_logits, _ = run(gpu_models[model], attention_backend="fa3,fi", cuda_graph_max_bs=8)
     finally:
-        monkeypatch.delenv("MINISGL_FUSED_KERNELS")
+        monkeypatch.setattr(ENV, "fused_kernels", True)
         kernels._triton.cache_clear(), kernels._flashinfer.cache_clear()
     assert kernels.triton_ops(torch.zeros(1, device="cuda")) is not None
     assert_same_greedy((fused, fused_logits), (plain, plain_logits), FUSED_LOGIT_ATOL)
@@ -198,15 +206,17 @@ def test_tp_matches_tp1(gpu_models, model, dtype, tp):
     backend = "fa3,fi" if dtype == "bfloat16" else "torch"
     if backend == "fa3,fi" and torch.cuda.get_device_capability()[0] != 9:
         backend = "fi"
-    cfg = dict(dtype=dtype, attention_backend=backend, cuda_graph_max_bs=8, overlap_scheduling=True, page_size=16)
+    cfg = dict(
+        dtype=dtype, attention_backend=backend, cuda_graph_max_bs=8, components={"loop": "overlap"}, page_size=16
+    )
     ref = run(gpu_models[model], **cfg)[:2]
     tokens, logits, llm = run(gpu_models[model], tp_size=tp, **cfg)
     try:
         engine = llm.scheduler.engine
-        assert engine.tp.size == tp and llm.scheduler.overlap
+        assert engine.tp.size == tp and llm.scheduler.config.loop == "overlap"
         assert (engine.graph_runner is not None) == (backend != "torch")
         assert engine.model.model.layers[0].self_attn.num_heads == 4 // tp  # the tiny models' 4 heads, split
         assert_same_greedy((tokens, logits), ref, LOGIT_ATOL if dtype == "bfloat16" else TP_FP32_ATOL)
     finally:
         llm.shutdown()
-    assert not any(p.is_alive() for p in llm.scheduler._procs), "a rank outlived shutdown()"
+    assert not any(p.is_alive() for p in llm.scheduler.processes), "a rank outlived shutdown()"

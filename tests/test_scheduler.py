@@ -6,6 +6,7 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import SamplingParams as SP
+from minisgl.scheduler import OverlapLoop, PlainLoop
 
 
 @pytest.fixture(scope="module")
@@ -131,13 +132,13 @@ def test_overlap_loop_gives_the_same_tokens(path, page_size):
         llm = LLM(
             path,
             dtype="float32",
-            overlap_scheduling=overlap,
+            components={"loop": "overlap" if overlap else "plain"},
             page_size=page_size,
             max_prefill_length=16,
             max_running_requests=4,
             debug_checks=True,
         )
-        assert llm.scheduler.overlap is overlap
+        assert isinstance(llm.scheduler.loop, OverlapLoop if overlap else PlainLoop)
         # a token the model likes to emit becomes EOS, so some requests stop early
         llm.scheduler.eos_ids.add(_likely_token(llm, prompts[1]))
         outs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params, use_tqdm=False)]

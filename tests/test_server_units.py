@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -20,7 +21,7 @@ from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest
 
 def test_messages_round_trip():
     msgs = [
-        GenerateMsg(7, [1, 2, 3], SamplingParams(temperature=0.5, stop_token_ids=[9], seed=3), True),
+        GenerateMsg(7, [1, 2, 3], SamplingParams(temperature=0.5, stop_token_ids=[9], seed=3, max_tokens=None)),
         BatchTokenMsg([TokenMsg(1, 5), TokenMsg(2, -1, "abort", 4, 2)]),
         ReadyMsg("scheduler", {"max_seq_len": 8192, "nested": {"a": [1, 2]}}),
     ]
@@ -103,3 +104,73 @@ def test_cli_flags_and_aliases():
     assert parse_args([]).port == 1919
     with pytest.raises(SystemExit):
         parse_args(["--page-size", "0"])
+
+
+def test_mini_sglang_spellings_mean_the_same():
+    ours = parse_args(["--model", "m", "--tp-size", "2", "--max-seq-len", "99", "--shell", "--attn", "fa3,fi"])
+    theirs = parse_args(
+        ["--model-path", "m", "--tensor-parallel-size", "2", "--max-seq-len-override", "99", "--shell-mode"]
+        + ["--attn", "fa,fi"]
+    )
+    assert theirs.shell and ours.shell
+    assert {**theirs.engine, "attention_backend": ""} == {**ours.engine, "attention_backend": ""}
+    from minisgl.attention import resolve_backend_name
+
+    cpu = torch.device("cpu")
+    assert resolve_backend_name("fa", cpu) == "fa3" and resolve_backend_name("fa,fi", cpu) == "fa3,fi"
+
+
+def test_engine_flags_come_from_the_config_fields():
+    """One default and one help text per engine setting: the server's and the benchmarks' flags
+    are generated from EngineConfig, so they cannot drift from it."""
+    from dataclasses import fields
+
+    from minisgl.benchmark import long_prompt, offline, profile
+    from minisgl.engine.config import EngineConfig, cli_fields
+
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    assert parse_args([]).engine == {f.name: defaults[f.name] for f in cli_fields()}
+    for module in (offline, long_prompt, profile):
+        with pytest.raises(SystemExit) as e:
+            module.main(["--help"])
+        assert e.value.code == 0
+    ns = offline_args(["--dtype", "float32"])
+    for name in offline.ENGINE_FLAGS:
+        assert getattr(ns, name) == (defaults[name] if name != "dtype" else "float32"), name
+
+
+def offline_args(argv):
+    """The offline benchmark's parsed arguments, without running it."""
+    import argparse
+
+    from minisgl.benchmark import offline
+    from minisgl.engine.config import add_engine_args
+
+    ap = argparse.ArgumentParser()
+    add_engine_args(ap, offline.ENGINE_FLAGS)
+    return ap.parse_args(argv)
+
+
+def test_environment_is_read_in_one_place():
+    """MINISGL_* variables are read by minisgl.env alone; a malformed one names itself."""
+    import re
+    from pathlib import Path
+
+    from minisgl.env import VARS, Env
+
+    root = Path(__file__).resolve().parents[1] / "minisgl"
+    readers = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if re.search(r"os\.(environ|getenv)\b[^\n]*MINISGL_|MINISGL_[A-Z_]+\"\s*[,)]", p.read_text())
+        and p.name != "env.py"
+    )
+    assert not readers, f"read MINISGL_* outside minisgl/env.py: {readers}"
+    env = Env({"MINISGL_FUSED_KERNELS": "0", "MINISGL_SHELL_TOP_K": "5"})
+    assert env.fused_kernels is False and env.shell_top_k == 5 and env.disable_overlap_scheduling is False
+    with pytest.raises(ValueError, match="MINISGL_SHELL_TOP_K='x' is not a valid integer"):
+        Env({"MINISGL_SHELL_TOP_K": "x"})
+    lax = Env({"MINISGL_SHELL_TOP_K": "x"}, strict=False)
+    assert lax.shell_top_k == -1 and "MINISGL_SHELL_TOP_K" in lax.errors[0]
+    readme = (root.parent / "README.md").read_text()
+    assert all(v.env_name in readme for v in VARS), "the README's environment table lists every variable"

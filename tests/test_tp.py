@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from minisgl import LLM, SamplingParams
-from minisgl.distributed.launch import free_port
+from minisgl.process import free_port
 
 PROMPTS = [[5, 6, 7, 8, 9], [100] * 30, list(range(3, 60)), [7, 7, 9]]
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -92,7 +92,7 @@ def test_tp2_equals_tp1(kind, tiny_llama, tiny_qwen3):
         assert a[1].token_ids == single
     finally:
         llm.shutdown()
-    assert not any(p.is_alive() for p in llm.scheduler._procs), "a rank outlived shutdown()"
+    assert not any(p.is_alive() for p in llm.scheduler.processes), "a rank outlived shutdown()"
 
 
 def test_tp3_on_the_embedded_model_equals_tp1(embedded_path):
@@ -116,7 +116,7 @@ def test_a_dead_rank_is_an_error_not_a_hang(tiny_llama):
     llm = LLM(str(tiny_llama), dtype="float32", tp_size=2)
     try:
         llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)
-        (worker,) = llm.scheduler._procs
+        (worker,) = llm.scheduler.processes
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(10)
         t = time.monotonic()
@@ -158,3 +158,55 @@ def decoded_text(path, ids):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path).decode(ids, skip_special_tokens=True)
+
+
+def test_a_script_without_the_main_guard_fails_at_once(tiny_llama, tmp_path):
+    """Spawned ranks re-import the script; an unguarded one dies before it starts. The call that
+    built the engine says so (and what to write) in seconds, not after a rendezvous timeout."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import time\n"
+        "from minisgl import LLM\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        f"    LLM({str(tiny_llama)!r}, dtype='float32', tp_size=2)\n"
+        "except RuntimeError as e:\n"
+        "    print(f'FAILED after {time.monotonic() - t:.1f} s: {e}', flush=True)\n"
+        "    raise SystemExit(3)\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 3, r.stdout + r.stderr[-3000:]
+    # the rank that re-ran the script failed too, on multiprocessing's own check: ours is the caller's
+    line = next(x for x in r.stdout.splitlines() if x.startswith("FAILED") and "tensor-parallel" in x)
+    assert "rank 1" in line and "before it started" in line and 'if __name__ == "__main__":' in line, line
+    assert float(line.split()[2]) < 10, line
+
+
+def test_server_rank_dying_before_it_joins_stops_the_server(tiny_llama, tmp_path):
+    """``python -m minisgl --tp 2`` whose rank 1 dies while the group forms exits at once, naming it."""
+    import psutil
+    from server_utils import ServerProcess, wait_until
+
+    server = ServerProcess(["--model", str(tiny_llama), "--tp", "2", "--dtype", "float32"], tmp_path)
+    try:
+        launcher = psutil.Process(server.proc.pid)
+
+        def ranks() -> list[psutil.Process]:
+            spawned = [c for c in launcher.children() if "spawn_main" in " ".join(c.cmdline())]
+            return sorted(spawned, key=lambda c: c.create_time())
+
+        assert wait_until(lambda: len(ranks()) >= 2, 60, 0.02), "the scheduler ranks never started"
+        rank1 = ranks()[1]
+        rank1.kill()
+        t = time.monotonic()
+        assert server.proc.wait(30) == 1
+        assert time.monotonic() - t < 10
+        assert f"the scheduler-1 process (pid {rank1.pid}) was killed by signal 9 while starting" in (
+            server.err_path.read_text()
+        )
+    finally:
+        server.stop()

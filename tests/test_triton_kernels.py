@@ -20,7 +20,7 @@ from minisgl.engine import sample as sample_mod  # noqa: E402
 from minisgl.engine.sample import SamplingInfo  # noqa: E402
 from minisgl.kernels import triton_kernels  # noqa: E402
 from minisgl.layers.norm import RMSNorm  # noqa: E402
-from minisgl.layers.rotary import RotaryEmbedding, _rotate  # noqa: E402
+from minisgl.layers.rotary import RotaryEmbedding, apply_rotary  # noqa: E402
 
 
 def torch_sample(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
@@ -124,9 +124,9 @@ def test_qk_norm_rope_matches_torch(dtype, norm):
     q, k, _ = qkv.split([h * d, kv * d, kv * d], -1)
     q, k = q.reshape(n, h, d), k.reshape(n, kv, d)
     if norm:  # the unfused norm, in float32, rounded once like the fused kernel
-        q, k = qn._norm(q.float()).to(dtype), kn._norm(k.float()).to(dtype)
+        q, k = qn.impl(q.float(), qn.weight, qn.eps).to(dtype), kn.impl(k.float(), kn.weight, kn.eps).to(dtype)
     cos, sin = rot.cos_sin[pos].unsqueeze(1).chunk(2, dim=-1)
-    ref_q, ref_k = _rotate(q.float(), cos, sin), _rotate(k.float(), cos, sin)
+    ref_q, ref_k = apply_rotary(q.float(), cos, sin), apply_rotary(k.float(), cos, sin)
     weights = (qn.weight, kn.weight) if norm else (None, None)
     tq, tk = triton_kernels.qk_norm_rope(qkv, pos, rot.cos_sin, h, kv, d, *weights, qn.eps)
     assert tq.shape == (n, h, d) and tk.shape == (n, kv, d) and tq.is_contiguous() and tk.is_contiguous()

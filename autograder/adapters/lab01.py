@@ -1,8 +1,9 @@
 """Lab 01 adapter: the five functions of ``lab01_decoder.py``, and the swap-in that runs the real
-engine with them: ``rms_norm``, ``rope_inv_freq``, ``apply_rotary`` and ``silu_and_mul`` replace the
-engine's (``minisgl.layers``), and ``gqa_attention`` is called once per request by
-``DenseLabBackend``, an attention backend registered as ``"lab01"``. Tests run in forked
-processes, but every swap is still undone on exit so a direct ``pytest`` run stays clean."""
+engine with them through its public seams: ``rms_norm``, ``rope_inv_freq`` + ``apply_rotary`` and
+``silu_and_mul`` are registered as the ``"lab01"`` norm, rotary and activation (``minisgl.layers``),
+and ``gqa_attention`` is called once per request by ``DenseLabBackend``, an attention backend
+registered as ``"lab01"``. Tests run in forked processes, but every registration is undone on exit
+so a direct ``pytest`` run stays clean."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from autograder.impl import require
 from minisgl.attention import BACKENDS
 from minisgl.attention.base import AttentionBackend
 from minisgl.core import Batch
+from minisgl.layers import ACTIVATIONS, NORMS, ROTARIES, RotaryImpl
 
 STEM = "lab01_decoder"
 
@@ -48,8 +50,8 @@ class DenseLabBackend(AttentionBackend):
 
     name = "lab01"
 
-    def __init__(self, pool, page_table, num_heads: int, head_dim: int, attention: Callable):
-        super().__init__(pool, page_table, num_heads, head_dim)
+    def __init__(self, pool, table, num_heads: int, head_dim: int, attention: Callable):
+        super().__init__(pool, table, num_heads, head_dim)
         self.attention = attention
 
     def prepare_metadata(self, batch: Batch) -> None:
@@ -84,52 +86,27 @@ def _counted(fn: Callable, name: str, counts: Counter) -> Callable:
     return wrapper
 
 
+# what the engine is built with to run this lab's functions (registered by lab01_components)
+ENGINE_ARGS = dict(attention_backend="lab01", components=dict(norm="lab01", rotary="lab01", activation="lab01"))
+
+
 @contextmanager
 def lab01_components() -> Iterator[Counter]:
-    """Swap this lab's functions into the engine; yields how often the engine called each. Use
-    ``attention_backend="lab01"`` for the attention. Engines must be built inside the block (the
-    rotary table is computed at construction)."""
+    """Register this lab's functions in the engine's registries under ``"lab01"`` (the norm,
+    rotary and activation seams of ``minisgl.layers``, and ``DenseLabBackend`` as an attention
+    backend calling ``gqa_attention``); yields how often the engine called each. Build the engine
+    with ``**ENGINE_ARGS`` inside the block."""
     counts: Counter = Counter()
-    rms = _counted(rms_norm, "rms_norm", counts)
     attention = _counted(gqa_attention, "gqa_attention", counts)
-    inv_freq = _counted(rope_inv_freq, "rope_inv_freq", counts)
-    rotate = _counted(apply_rotary, "apply_rotary", counts)
-    silu = _counted(silu_and_mul, "silu_and_mul", counts)
-    with _patch_engine_internals(rms, inv_freq, rotate, silu):
-        BACKENDS["lab01"] = lambda pool, table, heads, dim: DenseLabBackend(pool, table, heads, dim, attention)
-        try:
-            yield counts
-        finally:
-            BACKENDS.pop("lab01", None)
-
-
-# ---- TEMPORARY: reaches into private engine names; to be replaced by public engine seams -------
-@contextmanager
-def _patch_engine_internals(rms: Callable, inv_freq: Callable, rotate: Callable, silu: Callable) -> Iterator[None]:
-    """The only place the autograder patches engine internals (``RMSNorm._norm``,
-    ``rotary.rope_inv_freq``, ``rotary._rotate``, ``decoder.silu_and_mul``); all restored on exit."""
-    import minisgl.layers.norm as norm
-    import minisgl.layers.rotary as rotary
-    import minisgl.models.decoder as decoder
-
-    @contextmanager
-    def patched(target, attr: str, value) -> Iterator[None]:
-        if not hasattr(target, attr):  # the engine moved: fail loudly rather than test nothing
-            raise RuntimeError(
-                f"autograder out of date with the engine: {getattr(target, '__name__', target)} has no {attr!r} "
-                "(not your fault: tell the course staff)"
-            )
-        saved = getattr(target, attr)
-        setattr(target, attr, value)
-        try:
-            yield
-        finally:
-            setattr(target, attr, saved)
-
+    rotary = RotaryImpl(
+        _counted(rope_inv_freq, "rope_inv_freq", counts), _counted(apply_rotary, "apply_rotary", counts)
+    )
     with (
-        patched(norm.RMSNorm, "_norm", lambda self, x: rms(x, self.weight, self.eps)),
-        patched(rotary, "rope_inv_freq", inv_freq),
-        patched(rotary, "_rotate", rotate),
-        patched(decoder, "silu_and_mul", silu),
+        NORMS.registered("lab01", _counted(rms_norm, "rms_norm", counts)),
+        ROTARIES.registered("lab01", rotary),
+        ACTIVATIONS.registered("lab01", _counted(silu_and_mul, "silu_and_mul", counts)),
+        BACKENDS.registered(
+            "lab01", lambda pool, table, heads, dim: DenseLabBackend(pool, table, heads, dim, attention)
+        ),
     ):
-        yield
+        yield counts

@@ -28,8 +28,5 @@ def make_cache(page_size: int = 1) -> PrefixCache:
 @contextmanager
 def registered_cache(cls: type[PrefixCache], name: str = "lab06") -> Iterator[str]:
     """``cls`` as the engine's ``cache_type=name`` inside the block; yields the name."""
-    PREFIX_CACHES[name] = cls
-    try:
+    with PREFIX_CACHES.registered(name, cls):
         yield name
-    finally:
-        PREFIX_CACHES.pop(name, None)

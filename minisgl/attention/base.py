@@ -1,7 +1,8 @@
 """The attention-backend interface.
 
-A backend is created once per engine with the KV pool and the page table, the device tensor
-``page_table[row, position] -> KV slot`` of every running request (``row`` = ``Req.table_idx``).
+A backend is created once per engine with the KV pool and the request table, whose device tensor
+``table.page_table[row, position] -> KV slot`` maps every running request's positions to slots
+(``row`` = ``Req.table_idx``; ``minisgl/kvcache/table.py``).
 
 Per batch the engine calls ``prepare_metadata(batch)`` once; every layer then calls
 ``forward(q, k, v, layer_id, batch)``, which must
@@ -23,14 +24,15 @@ import torch
 
 from minisgl.core import Batch
 from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.table import ReqTable
 
 
 class AttentionBackend(ABC):
     name: str = "base"
     supports_cuda_graph: bool = False
 
-    def __init__(self, pool: KVPool, page_table: torch.Tensor, num_heads: int, head_dim: int):
-        self.pool, self.page_table = pool, page_table
+    def __init__(self, pool: KVPool, table: ReqTable, num_heads: int, head_dim: int):
+        self.pool, self.table, self.page_table = pool, table, table.page_table
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_kv_heads = pool.num_kv_heads
         self.scale = head_dim**-0.5

@@ -16,7 +16,6 @@ only the per-request lengths travel from the host, which plan() needs there anyw
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +24,12 @@ import torch
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.core import Batch
+from minisgl.env import ENV
 from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.table import ReqTable
 
 WORKSPACE_BYTES = 128 << 20
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
-# captured decode batches of at least this many requests skip split-KV (MINISGL_FI_NO_SPLIT_MIN_BS
-# overrides): a CUDA-graph plan always runs split-KV's merge pass, yet from a few dozen requests up
-# there are enough (request, KV head) blocks to fill the GPU without splitting any request's KV
-NO_SPLIT_MIN_BS = 32
 
 
 def unsplit_graph_plan(wrapper, batch_size: int) -> None:
@@ -69,11 +66,11 @@ class FlashInferBackend(AttentionBackend):
     supports_cuda_graph = True
     prefill_kernel = "fa2"
 
-    def __init__(self, pool: KVPool, page_table: torch.Tensor, num_heads: int, head_dim: int):
-        super().__init__(pool, page_table, num_heads, head_dim)
+    def __init__(self, pool: KVPool, table: ReqTable, num_heads: int, head_dim: int):
+        super().__init__(pool, table, num_heads, head_dim)
         import flashinfer
 
-        if page_table.device.type != "cuda":
+        if self.page_table.device.type != "cuda":
             raise ValueError(f"the {self.name} attention backend needs a CUDA device; use --attention-backend torch")
         if pool.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(
@@ -81,20 +78,22 @@ class FlashInferBackend(AttentionBackend):
                 "or use --attention-backend torch"
             )
         self.fi = flashinfer
-        self.device = page_table.device
+        self.device = self.page_table.device
         ws = _workspace(self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=self.prefill_kernel)
         # the tensor-core decode kernel, even with 2 query heads per KV head (Qwen3-0.6B): on a real,
         # ragged batch it is faster from batch 128 up and no slower below (H200, Nano-vLLM workload:
         # 5.74 s vs 6.25 s end to end; `benchmark.decode_attention --ragged`). On uniform lengths the
         # CUDA-core kernel looks faster, which misled an earlier choice. MINISGL_FI_TENSOR_CORES=0 overrides.
-        self.tensor_cores = os.environ.get("MINISGL_FI_TENSOR_CORES", "1") != "0"
+        self.tensor_cores = ENV.fi_tensor_cores
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             ws, "NHD", use_tensor_cores=self.tensor_cores, backend="fa2"
         )
         self.graph_wrappers: dict[int, Any] = {}
-        self.no_split_min_bs = int(os.environ.get("MINISGL_FI_NO_SPLIT_MIN_BS", NO_SPLIT_MIN_BS))
-        self.dummy_row = page_table.shape[0] - 1
+        # captured decode batches of at least this many requests (MINISGL_FI_NO_SPLIT_MIN_BS, 32) skip
+        # split-KV: a CUDA-graph plan always runs split-KV's merge pass, yet from a few dozen requests up
+        # there are enough (request, KV head) blocks to fill the GPU without splitting any request's KV
+        self.no_split_min_bs = ENV.fi_no_split_min_bs
         # plan() copies its schedule from one pinned host buffer; with overlap scheduling the next
         # plan() may start before that copy ran, so it first waits for the previous one (~never blocks)
         self._plan_copied: torch.cuda.Event | None = None
@@ -186,7 +185,7 @@ class FlashInferBackend(AttentionBackend):
         bs, n = batch.padded_size, batch.size
         rows = batch.table_idx[:n]
         if bs > n:
-            pad = torch.full((bs - n,), self.dummy_row, dtype=rows.dtype, device=self.device)
+            pad = torch.full((bs - n,), self.table.dummy_row, dtype=rows.dtype, device=self.device)
             rows = torch.cat([rows, pad])
         wrapper = self._graph_wrapper(bs)
         # the choice depends on the captured size alone, so capture and replays plan alike
@@ -201,7 +200,8 @@ class FA3Backend(FlashInferBackend):
     name = "fa3"
     prefill_kernel = "fa3"
 
-    def __init__(self, pool: KVPool, page_table: torch.Tensor, num_heads: int, head_dim: int):
-        if page_table.device.type == "cuda" and torch.cuda.get_device_capability(page_table.device)[0] < 9:
+    def __init__(self, pool: KVPool, table: ReqTable, num_heads: int, head_dim: int):
+        device = table.page_table.device
+        if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
             raise ValueError("the fa3 backend needs a Hopper GPU (sm90); use --attention-backend fi")
-        super().__init__(pool, page_table, num_heads, head_dim)
+        super().__init__(pool, table, num_heads, head_dim)

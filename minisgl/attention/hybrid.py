@@ -11,7 +11,7 @@ class HybridBackend(AttentionBackend):
         self.prefill, self.decode = prefill, decode
         self.name = f"{prefill.name},{decode.name}"
         self.supports_cuda_graph = decode.supports_cuda_graph
-        self.pool, self.page_table = decode.pool, decode.page_table
+        self.pool, self.table, self.page_table = decode.pool, decode.table, decode.page_table
 
     def _pick(self, batch: Batch) -> AttentionBackend:
         return self.prefill if batch.is_prefill else self.decode

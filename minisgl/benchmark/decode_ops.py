@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl import LLM
+from minisgl.engine.config import add_engine_args
 from minisgl.engine.sample import SamplingInfo
 from minisgl.kernels import triton_ops
 from minisgl.layers import silu_and_mul
@@ -121,8 +122,7 @@ def gemm_times(llm: LLM, bs: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="Qwen3-0.6B")
-    ap.add_argument("--dummy-weight", action="store_true")
+    add_engine_args(ap, ["model", "dummy_weight"], model="Qwen3-0.6B")
     ap.add_argument("--batch-size", default="16,64,128,256")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

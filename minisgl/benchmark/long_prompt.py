@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from minisgl.engine.config import PAGE_SIZE_HELP
+from minisgl.engine.config import add_engine_args
 
 
 def measure(args: argparse.Namespace, chunk: int | None) -> dict:
@@ -104,10 +104,7 @@ class _PeakRSS:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--dummy-weight", action="store_true")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--page-size", type=int, default=None, help=PAGE_SIZE_HELP)
+    add_engine_args(ap, ["model", "dummy_weight", "dtype", "page_size"])
     ap.add_argument("--prompt-len", type=int, default=4096)
     ap.add_argument("--chunks", nargs="+", default=["256", "1024", "none"], help="chunk sizes; 'none' = unlimited")
     ap.add_argument("--json", default=None)

@@ -34,7 +34,7 @@ import torch
 
 from minisgl.benchmark import append_result
 from minisgl.core import SamplingParams
-from minisgl.engine.config import PAGE_SIZE_HELP
+from minisgl.engine.config import add_engine_args, engine_kwargs
 
 
 @dataclass
@@ -164,8 +164,8 @@ def run_hf(w: Workload, args: argparse.Namespace) -> dict:
     longest ``max_tokens`` and only the tokens each request asked for are counted."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from minisgl.engine.engine import resolve_model
     from minisgl.models.config import KNOWN_CONFIGS
+    from minisgl.models.resolve import resolve_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = {
@@ -214,22 +214,27 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+ENGINE_FLAGS = [
+    "model",
+    "dummy_weight",
+    "dtype",
+    "page_size",
+    "cache_type",
+    "attention_backend",
+    "tp_size",
+    "max_running_requests",
+    "max_prefill_length",
+    "cuda_graph_max_bs",
+    "num_pages",
+]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="cpu", choices=["nano", "cpu", "shared"])
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--engine", default="minisgl", choices=["minisgl", "hf"])
-    ap.add_argument("--model", default=None, help="model folder; omitted = the embedded model")
-    ap.add_argument("--dummy-weight", action="store_true")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--page-size", type=int, default=None, help=PAGE_SIZE_HELP)
-    ap.add_argument("--cache-type", "--cache", default="radix")
-    ap.add_argument("--attention-backend", "--attn", default="auto")
-    ap.add_argument("--tp-size", "--tp", type=int, default=1, help="tensor-parallel ranks (one GPU each)")
-    ap.add_argument("--max-running-requests", type=int, default=256)
-    ap.add_argument("--max-prefill-length", type=int, default=8192)
-    ap.add_argument("--cuda-graph-max-bs", type=int, default=None)
-    ap.add_argument("--num-pages", type=int, default=None)
+    add_engine_args(ap, ENGINE_FLAGS)
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--hf-max-requests", type=int, default=None, help="HF on a subset (it is slow)")
     ap.add_argument("--repeats", type=int, default=1, help="time the workload N times (minisgl); report the median")
@@ -246,18 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     w = make_workload(args.workload, args.num_requests)
-    engine_args = dict(
-        dummy_weight=args.dummy_weight,
-        dtype=args.dtype,
-        page_size=args.page_size,
-        cache_type=args.cache_type,
-        attention_backend=args.attention_backend,
-        max_running_requests=args.max_running_requests,
-        max_prefill_length=args.max_prefill_length,
-        cuda_graph_max_bs=args.cuda_graph_max_bs,
-        num_pages=args.num_pages,
-        tp_size=args.tp_size,
-    )
+    engine_args = engine_kwargs(args, ENGINE_FLAGS[1:])  # the model is LLM's first argument
     res = run_hf(w, args) if args.engine == "hf" else run_minisgl(w, args, engine_args)
     res["throughput"] = res["output_tokens"] / res["seconds"]
     res.update(

@@ -25,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minisgl import LLM, SamplingParams
-from minisgl.engine.config import PAGE_SIZE_HELP
+from minisgl.engine.config import add_engine_args, engine_kwargs
 
 
 def kernel_ms(events, steps: int) -> float:
@@ -40,19 +40,17 @@ def top_ops(events, rows: int) -> str:
     return events.table(sort_by=key, row_limit=rows, max_name_column_width=90)
 
 
+ENGINE_FLAGS = ["model", "dummy_weight", "dtype", "page_size", "attention_backend", "cuda_graph_max_bs"]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--dummy-weight", action="store_true")
     ap.add_argument("--batch-size", default="64", help="one size or a comma-separated list")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--profile-steps", type=int, default=10)
-    ap.add_argument("--page-size", type=int, default=None, help=PAGE_SIZE_HELP)
-    ap.add_argument("--attention-backend", "--attn", default="auto")
-    ap.add_argument("--cuda-graph-max-bs", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=0.6)
-    ap.add_argument("--dtype", default="auto")
+    add_engine_args(ap, ENGINE_FLAGS)
     ap.add_argument("--trace", default=None)
     ap.add_argument("--host-profile", action="store_true", help="also cProfile the host side of a few steps")
     ap.add_argument("--prefill", action="store_true", help="profile prefill batches instead of decode steps")
@@ -60,12 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sizes = [int(b) for b in str(args.batch_size).split(",")]
     llm = LLM(
-        args.model,
-        dummy_weight=args.dummy_weight,
-        page_size=args.page_size,
-        dtype=args.dtype,
-        attention_backend=args.attention_backend,
-        cuda_graph_max_bs=args.cuda_graph_max_bs,
+        **engine_kwargs(args, ENGINE_FLAGS),
         max_running_requests=max(sizes),
     )
     sched = llm.scheduler
@@ -104,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             f"decode: batch {bs}, context ~{args.prompt_len}: {per_step * 1e3:.2f} ms/step wall, "
             f"{kernel_ms(events, args.profile_steps):.2f} ms/step of kernels, "
             f"host busy {(per_step - waited) * 1e3:.2f} ms/step, "
-            f"{bs / per_step:,.0f} tok/s  (overlap={sched.overlap}, "
+            f"{bs / per_step:,.0f} tok/s  (loop={sched.config.loop}, "
             f"graphs={'on' if sched.engine.graph_runner else 'off'}, attention={sched.engine.attn_backend.name})",
             flush=True,
         )

@@ -4,18 +4,24 @@ Every rank runs the same scheduler on the same requests; layers call :func:`all_
 row-parallel matmul) and :func:`all_gather` (vocabulary shards of the logits). With one rank both
 are identities, so the single-GPU and CPU paths pay nothing.
 
-The collectives go through a :class:`Communicator`, the plug-in point for a faster one (custom
-all-reduce, symmetric memory) later; the default wraps ``torch.distributed``.
+The collectives go through a :class:`Communicator`, registered by name in ``COMMUNICATORS`` (the
+plug-in point for a faster one: custom all-reduce, symmetric memory; lab 10's seam); the default
+wraps ``torch.distributed``.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from minisgl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -35,18 +41,30 @@ class TPInfo:
         return self.rank * step, (self.rank + 1) * step
 
 
-class Communicator:
-    """Collectives over the TP group (NCCL on CUDA, gloo on CPU)."""
+class Communicator(ABC):
+    """The collectives of one TP group. Every rank calls them in the same order with tensors of the
+    same shape and dtype; each returns the same result on every rank."""
 
     def __init__(self, group: dist.ProcessGroup | None):
         self.group = group
+
+    @abstractmethod
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of ``x`` over ranks (may be computed in place in ``x``)."""
+
+    @abstractmethod
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's ``x`` concatenated along ``dim`` in rank order."""
+
+
+class TorchCommunicator(Communicator):
+    """``torch.distributed`` over the group (NCCL on CUDA, gloo on CPU)."""
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Concatenate each rank's ``x`` along ``dim`` in rank order."""
         world = dist.get_world_size(self.group)
         x = x.contiguous()
         if x.is_cuda:  # one NCCL call into a [world * n, ...] buffer
@@ -59,8 +77,12 @@ class Communicator:
         return torch.cat(parts, dim=dim)
 
 
+# name -> factory(process group)
+COMMUNICATORS: Registry[type[Communicator]] = Registry("communicator", {"default": TorchCommunicator})
+
 COLLECTIVE_TIMEOUT = timedelta(seconds=120)
 IDLE_TIMEOUT = timedelta(days=7)
+JOIN_POLL_S = 0.1
 
 _TP = TPInfo()
 _COMM: Communicator | None = None
@@ -71,35 +93,59 @@ def get_tp_info() -> TPInfo:
     return _TP
 
 
+def get_communicator() -> Communicator | None:
+    """This process's communicator (None with one rank)."""
+    return _COMM
+
+
 def set_tp_info(info: TPInfo) -> None:
     global _TP
     _TP = info
 
 
-def init_distributed(rank: int, size: int, device: torch.device, init_method: str) -> None:
+def init_distributed(
+    rank: int,
+    size: int,
+    device: torch.device,
+    init_method: str,
+    communicator: str = "default",
+    check_peers: Callable[[], None] | None = None,
+) -> None:
     """Join the TP group. ``init_method`` is a ``tcp://host:port`` rank 0 listens on.
 
-    Creates the device group (NCCL or gloo; a dead peer surfaces as an error within
-    ``COLLECTIVE_TIMEOUT``) and a gloo CPU group for broadcasting requests, whose timeout is long
-    because idle ranks wait in it for as long as rank 0 has nothing to do."""
+    Rank 0 waits until every rank has checked in, calling ``check_peers`` (which raises when a
+    rank died, e.g. before it could start) every ``JOIN_POLL_S``, so a dead rank is an error at
+    once instead of a rendezvous timeout. Then creates the device group (NCCL or gloo; a dead peer
+    surfaces as an error within ``COLLECTIVE_TIMEOUT``) and a gloo CPU group for broadcasting
+    requests, whose timeout is long because idle ranks wait in it for as long as rank 0 is idle."""
     global _COMM, _CPU_GROUP
     set_tp_info(TPInfo(rank, size))
     if size == 1:
         return
+    make_comm = COMMUNICATORS.get(communicator)  # an unknown name fails before the rendezvous
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         # NVLink multicast can take a shared host's GPUs down; never let NCCL use it here.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
-    _COMM = Communicator(dist.group.WORLD)
+    host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
+    store = dist.TCPStore(
+        host, int(port), size, is_master=rank == 0, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False
+    )
+    if rank == 0:
+        joined = [f"minisgl/joined/{r}" for r in range(1, size)]
+        deadline = time.monotonic() + COLLECTIVE_TIMEOUT.total_seconds()
+        while not store.check(joined):
+            if check_peers is not None:
+                check_peers()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tensor-parallel ranks did not join within {COLLECTIVE_TIMEOUT}")
+            time.sleep(JOIN_POLL_S)
+    else:
+        store.set(f"minisgl/joined/{rank}", "1")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
+    _COMM = make_comm(dist.group.WORLD)
     _CPU_GROUP = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-
-
-def set_communicator(comm: Communicator) -> None:
-    """Swap in another implementation of the collectives (e.g. a custom all-reduce)."""
-    global _COMM
-    _COMM = comm
 
 
 def destroy_distributed() -> None:

@@ -1,13 +1,17 @@
-"""``EngineConfig``: every knob of the engine, shared by the offline API, the server and the CLI."""
+"""``EngineConfig``: every knob of the engine, shared by the offline API, the server, the shell and
+the benchmarks. Each field carries its one default and its one help text; the command-line flags
+of ``python -m minisgl`` and of the benchmarks are generated from them (``add_engine_args``)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from minisgl.env import ENV
 
 # Nano-vLLM workload on an H200, one call, medians of 3, pages of 1 / 16 / 64 / 256 tokens: Qwen3-0.6B
 # 5.66 / 5.69 / 5.44 / 5.56 s, Qwen3-14B 22.36 / 22.14 / 22.10 / 22.03 s (another call had 256 ahead of
@@ -15,33 +19,88 @@ import torch
 # each hit; 64 tokens is little next to a chat's history, and a 256-token page would never share a
 # shorter system prompt.
 FLASHINFER_PAGE_SIZE = 64
-PAGE_SIZE_HELP = f"tokens per KV page (default {FLASHINFER_PAGE_SIZE} where FlashInfer decodes, else 1)"
+
+
+def option(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None, cli: bool = True):
+    """A config field with its help text and command-line flags (the first is the main spelling;
+    the others are aliases, e.g. mini-sglang's). ``cli=False``: not a flag (API only)."""
+    return field(default=default, metadata=dict(help=help, flags=flags, choices=choices, cli=cli))
+
+
+@dataclass
+class Components:
+    """Which registered implementation runs each part the course swaps (``minisgl/registry.py``).
+    A lab registers its own under a new name and picks it here, e.g. ``LLM(components={"norm":
+    "lab01"})``. The prefix cache and the attention backend are ``EngineConfig`` fields of their own."""
+
+    sampler: str = "default"  # minisgl.engine.sample.SAMPLERS
+    norm: str = "default"  # minisgl.layers.NORMS
+    rotary: str = "default"  # minisgl.layers.ROTARIES
+    activation: str = "default"  # minisgl.layers.ACTIVATIONS
+    tp_layers: str = "default"  # minisgl.layers.TP_LAYERS
+    communicator: str = "default"  # minisgl.distributed.COMMUNICATORS
+    allocator: str = "default"  # minisgl.kvcache.ALLOCATORS
+    req_table: str = "default"  # minisgl.kvcache.REQ_TABLES
+    admission: str = "default"  # minisgl.scheduler.ADMISSION_POLICIES
+    chunking: str = "default"  # minisgl.scheduler.CHUNKING_POLICIES
+    loop: str = "auto"  # minisgl.scheduler.LOOPS; auto = "overlap" on CUDA, else "plain"
 
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # HF folder (or hub id in the local cache); None = the embedded model
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda
-    tp_size: int = 1
-    page_size: int | None = None  # tokens per KV page; None = FLASHINFER_PAGE_SIZE where FlashInfer decodes, else 1
-    num_pages: int | None = None  # KV pool size; None = from memory_ratio (GPU) or a CPU default
-    memory_ratio: float = 0.9  # GPU: fraction of the memory free after loading weights given to KV
-    max_running_requests: int = 256
-    max_prefill_length: int | None = 8192  # tokens per prefill batch (chunked prefill); None = unlimited
-    cache_type: str = "radix"  # radix | naive
-    attention_backend: str = "auto"  # auto | torch | fi | fa3 | "prefill,decode"
-    cuda_graph_max_bs: int | None = None  # None = chosen from free memory; 0 disables
-    dummy_weight: bool = False
-    max_seq_len: int | None = None  # cap on prompt + output tokens; None = the model's context
-    overlap_scheduling: bool | None = None  # None = on for CUDA unless MINISGL_DISABLE_OVERLAP_SCHEDULING
-    seed: int = 0  # seeds the seeds drawn for unseeded sampled requests
-    debug_checks: bool = False  # check memory invariants after every step (slow)
-    # internal: set by the TP launcher
-    tp_rank: int = 0
-    dist_init_method: str = ""
+    model: str | None = option(
+        None,
+        "Hugging Face model folder (or a hub id already in the local cache); omitted = the embedded "
+        "SmolLM2-135M-Instruct; with --dummy-weight also an architecture name such as Qwen3-0.6B",
+        "--model",
+        "--model-path",
+    )
+    dtype: str = option(
+        "auto",
+        "weights and KV dtype (auto: bfloat16 on GPUs and on CPUs with native bfloat16, else float32)",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    tp_size: int = option(
+        1, "tensor-parallel ranks, one scheduler process each", "--tp-size", "--tp", "--tensor-parallel-size"
+    )
+    page_size: int | None = option(
+        None, f"tokens per KV page (default {FLASHINFER_PAGE_SIZE} where FlashInfer decodes, else 1)"
+    )
+    num_pages: int | None = option(None, "KV pool size in pages (default: from memory)")
+    memory_ratio: float = option(0.9, "GPU: fraction of the memory left after loading the weights given to the KV pool")
+    max_running_requests: int = option(256, "requests decoded together at most")
+    max_prefill_length: int | None = option(
+        8192,
+        "prompt tokens per prefill batch; longer prompts are prefilled in chunks",
+        "--max-prefill-length",
+        "--max-extend-length",
+    )
+    cache_type: str = option("radix", "prefix cache", "--cache-type", "--cache", choices=("radix", "naive"))
+    attention_backend: str = option(
+        "auto",
+        'auto, torch, fi, fa3 (or fa), or "PREFILL,DECODE" (e.g. fa3,fi)',
+        "--attention-backend",
+        "--attn",
+    )
+    cuda_graph_max_bs: int | None = option(None, "largest CUDA-graph batch (default: from memory; 0 = off)")
+    dummy_weight: bool = option(False, "random weights (benchmarks without a checkpoint)")
+    max_seq_len: int | None = option(
+        None, "cap on prompt + output tokens (default: the model's)", "--max-seq-len", "--max-seq-len-override"
+    )
+    seed: int = option(0, "seeds the seeds drawn for unseeded sampled requests", cli=False)
+    debug_checks: bool = option(False, "check every memory invariant after each step (slow)", cli=False)
+    components: Components = field(default_factory=Components)  # the implementation of each swappable part
+    # internal: set by the tensor-parallel launcher
+    tp_rank: int = option(0, "this process's rank", cli=False)
+    dist_init_method: str = option("", "tcp://host:port of rank 0's rendezvous", cli=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.components, dict):
+            known = {f.name for f in fields(Components)}
+            if set(self.components) - known:
+                raise ValueError(f"unknown component(s) {sorted(set(self.components) - known)}; known: {sorted(known)}")
+            self.components = Components(**self.components)
         if self.page_size is None:
             self.page_size = self._default_page_size()
         if self.page_size < 1:
@@ -97,12 +156,12 @@ class EngineConfig:
         return torch.bfloat16 if self.torch_device.type == "cuda" else default_cpu_dtype()
 
     @property
-    def use_overlap(self) -> bool:
-        if self.overlap_scheduling is not None:
-            return self.overlap_scheduling
-        if os.environ.get("MINISGL_DISABLE_OVERLAP_SCHEDULING", "0") not in ("", "0"):
-            return False
-        return self.torch_device.type == "cuda"
+    def loop(self) -> str:
+        """The scheduler loop's name: ``components.loop``, where ``auto`` is ``overlap`` on CUDA
+        (unless ``MINISGL_DISABLE_OVERLAP_SCHEDULING``) and ``plain`` elsewhere."""
+        if self.components.loop != "auto":
+            return self.components.loop
+        return "overlap" if self.torch_device.type == "cuda" and not ENV.disable_overlap_scheduling else "plain"
 
 
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -120,3 +179,36 @@ def default_cpu_dtype() -> torch.dtype:
     except OSError:
         flags = []
     return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else torch.float32
+
+
+# ---- command-line flags, generated from the fields above -----------------------------------------
+def cli_fields(names: list[str] | None = None) -> list:
+    """The fields that are flags (all of them, or ``names`` in that order)."""
+    by_name = {f.name: f for f in fields(EngineConfig) if f.metadata.get("cli")}
+    if names is None:
+        return list(by_name.values())
+    return [by_name[n] for n in names]
+
+
+def add_engine_args(parser: argparse.ArgumentParser, names: list[str] | None = None, **defaults: Any) -> None:
+    """Add a flag per engine field (or per field in ``names``) to ``parser``. ``defaults`` overrides
+    a field's default for this program only (a benchmark's ``model="Qwen3-0.6B"``)."""
+    for f in cli_fields(names):
+        meta = f.metadata
+        flags = meta["flags"] or ("--" + f.name.replace("_", "-"),)
+        default = defaults.get(f.name, f.default)
+        shown = "default" in meta["help"] or default is None or isinstance(default, bool)
+        help = meta["help"] if shown else f"{meta['help']} (default {default})"
+        kw: dict[str, Any] = dict(dest=f.name, default=default, help=help)
+        if f.type in ("bool", bool):
+            kw["action"] = "store_true"
+        else:
+            kw["type"] = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
+            if meta["choices"]:
+                kw["choices"] = meta["choices"]
+        parser.add_argument(*flags, **kw)
+
+
+def engine_kwargs(ns: argparse.Namespace, names: list[str] | None = None) -> dict[str, Any]:
+    """The ``EngineConfig`` keyword arguments parsed by ``add_engine_args``."""
+    return {f.name: getattr(ns, f.name) for f in cli_fields(names) if hasattr(ns, f.name)}

@@ -5,18 +5,21 @@ scheduler's job."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 
 from minisgl.attention import create_backend
-from minisgl.core import Batch, forward_context
+from minisgl.attention.context import forward_context
+from minisgl.core import Batch
 from minisgl.distributed import get_tp_info, init_distributed
 from minisgl.engine.config import EngineConfig
+from minisgl.engine.graph import GraphRunner, capture_sizes
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
-from minisgl.kvcache.pool import KVPool
-from minisgl.models.config import KNOWN_CONFIGS, ModelConfig
+from minisgl.kvcache import REQ_TABLES, KVPool
+from minisgl.layers import LayerImpls
 from minisgl.models.decoder import DecoderForCausalLM
+from minisgl.models.resolve import resolve_model
 from minisgl.models.weights import init_dummy_weights, load_weights
 from minisgl.utils import nvtx_range
 
@@ -26,62 +29,21 @@ CPU_KV_BUDGET_BYTES = 1 << 30  # the CPU default pool: 1 GiB of KV...
 CPU_KV_MAX_TOKENS = 1 << 16  # ...and at most 64k tokens
 
 
-def resolve_model(model: str | None, dummy_weight: bool = False) -> tuple[Path | None, ModelConfig]:
-    """The model folder and its config. ``None`` = the embedded model; a known architecture name
-    (e.g. ``Qwen3-0.6B``) with ``dummy_weight`` needs no folder at all."""
-    if model is None:
-        from minisgl.models.embedded import embedded_model_path
-
-        path = embedded_model_path()
-        return path, ModelConfig.from_path(path)
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            raise ValueError(f"{path} has no config.json: not a Hugging Face model folder")
-        return path, ModelConfig.from_path(path)
-    if dummy_weight and model in KNOWN_CONFIGS:
-        return None, ModelConfig.from_dict(KNOWN_CONFIGS[model])
-    try:  # a hub id that is already in the local HF cache (we never download)
-        from huggingface_hub import snapshot_download
-
-        local = Path(snapshot_download(model, local_files_only=True))
-        return local, ModelConfig.from_path(local)
-    except Exception:
-        pass
-    known = ", ".join(KNOWN_CONFIGS)
-    raise ValueError(
-        f"model {model!r} not found: pass a local Hugging Face folder (with config.json and "
-        f"*.safetensors), omit --model for the embedded model, or use --dummy-weight with one of {known}"
-    )
-
-
-def check_tp_size(cfg: ModelConfig, tp: int) -> None:
-    """Refuse head counts that do not split over ``tp`` ranks, naming sizes that work."""
-    ok_heads = cfg.num_heads % tp == 0
-    kv = cfg.num_kv_heads
-    ok_kv = kv % tp == 0 if tp <= kv else tp % kv == 0
-    if not (ok_heads and ok_kv):
-        good = [
-            n
-            for n in range(1, cfg.num_heads + 1)
-            if cfg.num_heads % n == 0 and (kv % n == 0 if n <= kv else n % kv == 0)
-        ]
-        raise ValueError(
-            f"tp_size={tp} does not divide this model's {cfg.num_heads} attention heads / {kv} KV heads; "
-            f"tensor-parallel sizes that work: {good}"
-        )
-
-
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, check_peers: Callable[[], None] | None = None):
+        """``check_peers``: with ``tp_size > 1``, raises when another rank died while this one
+        waits for the group to form (``init_distributed``)."""
         self.config = config
         self.device = config.torch_device
         self.dtype = config.torch_dtype
+        parts = config.components
         self.model_path, self.model_config = resolve_model(config.model, config.dummy_weight)
-        check_tp_size(self.model_config, config.tp_size)
+        self.model_config.check_tp_size(config.tp_size)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        init_distributed(config.tp_rank, config.tp_size, self.device, config.dist_init_method)
+        init_distributed(
+            config.tp_rank, config.tp_size, self.device, config.dist_init_method, parts.communicator, check_peers
+        )
         self.tp = get_tp_info()
         self.model = self._load_model()
         attn = self.model.model.layers[0].self_attn
@@ -98,23 +60,17 @@ class Engine:
             self.dtype,
             self.device,
         )
-        # page_table[row, position] -> KV slot; one spare row for the dummy requests that pad CUDA graphs
         self.max_running = config.max_running_requests
-        width = -(-self.max_seq_len // config.page_size) * config.page_size
-        self.page_table = torch.zeros(self.max_running + 1, width, dtype=torch.int32, device=self.device)
+        self.table = REQ_TABLES.get(parts.req_table)(self.max_running, self.max_seq_len, config.page_size, self.device)
         self.attn_backend = create_backend(
-            config.attention_backend,
-            self.kv_pool,
-            self.page_table,
-            self.local_heads,
-            cfg.head_dim,
+            config.attention_backend, self.kv_pool, self.table, self.local_heads, cfg.head_dim
         )
-        self.sampler = SAMPLERS["default"]()
+        self.sampler = SAMPLERS.get(parts.sampler)()
         self.graph_runner = None
         if self.device.type == "cuda":
-            from minisgl.engine.graph import GraphRunner
-
-            self.graph_runner = GraphRunner.create(self)
+            sizes = capture_sizes(config.cuda_graph_max_bs, self.device, self.max_running, self.attn_backend)
+            if sizes:
+                self.graph_runner = GraphRunner(self.model, self.attn_backend, self.kv_pool, self.table, sizes)
             self._compile_sampler()
 
     def _load_model(self) -> DecoderForCausalLM:
@@ -122,7 +78,9 @@ class Engine:
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device(self.device):
-                model = DecoderForCausalLM(self.model_config)
+                c = self.config.components
+                impls = LayerImpls.by_name(c.norm, c.rotary, c.activation, c.tp_layers)
+                model = DecoderForCausalLM(self.model_config, impls)
         finally:
             torch.set_default_dtype(prev)
         if self.config.dummy_weight or self.model_path is None:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
-from minisgl.core import Batch, forward_context
-
-if TYPE_CHECKING:
-    from minisgl.engine.engine import Engine
+from minisgl.attention import AttentionBackend
+from minisgl.attention.context import forward_context
+from minisgl.core import Batch
+from minisgl.kvcache import KVPool, ReqTable
 
 logger = logging.getLogger(__name__)
 
@@ -34,39 +34,36 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sorted(set(sizes))
 
 
-def default_max_bs(engine: Engine) -> int:
-    total = torch.cuda.get_device_properties(engine.device).total_memory
-    return 256 if total >= 60 << 30 else 128 if total >= 20 << 30 else 64
+def capture_sizes(
+    max_bs: int | None, device: torch.device, max_running: int, backend: AttentionBackend
+) -> list[int] | None:
+    """The batch sizes to capture, or None for no graphs. ``max_bs=None``: by the GPU's memory."""
+    if max_bs is None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        max_bs = 256 if total >= 60 << 30 else 128 if total >= 20 << 30 else 64
+    max_bs = min(max_bs, max_running)
+    if max_bs <= 0:
+        logger.info("CUDA graphs: off")
+        return None
+    if not backend.supports_cuda_graph:
+        logger.info("CUDA graphs: off (the %s attention backend does not support them)", backend.name)
+        return None
+    return graph_batch_sizes(max_bs)
 
 
 class GraphRunner:
-    @classmethod
-    def create(cls, engine: Engine) -> GraphRunner | None:
-        max_bs = engine.config.cuda_graph_max_bs
-        if max_bs is None:
-            max_bs = default_max_bs(engine)
-        max_bs = min(max_bs, engine.max_running)
-        if max_bs <= 0:
-            logger.info("CUDA graphs: off")
-            return None
-        if not engine.attn_backend.supports_cuda_graph:
-            logger.info("CUDA graphs: off (the %s attention backend does not support them)", engine.attn_backend.name)
-            return None
-        return cls(engine, graph_batch_sizes(max_bs))
-
-    def __init__(self, engine: Engine, sizes: list[int]):
-        self.engine, self.sizes = engine, sizes
+    def __init__(self, model: nn.Module, backend: AttentionBackend, pool: KVPool, table: ReqTable, sizes: list[int]):
+        self.model, self.backend, self.sizes = model, backend, sizes
         self.max_bs = sizes[-1]
-        dev, pool = engine.device, engine.kv_pool
+        dev = table.page_table.device
         self.scratch = pool.scratch_slot
         self.input_ids = torch.zeros(self.max_bs, dtype=torch.int32, device=dev)
         self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.out_loc = torch.full((self.max_bs,), self.scratch, dtype=torch.int64, device=dev)
         self.logit_idx = torch.arange(self.max_bs, device=dev)
-        dummy_row = engine.page_table.shape[0] - 1
-        engine.page_table[dummy_row].fill_(self.scratch)
-        self.table_idx = torch.full((self.max_bs,), dummy_row, dtype=torch.int64, device=dev)
-        engine.attn_backend.init_cuda_graph(self.max_bs)
+        table.point_dummy_row_at(self.scratch)
+        self.table_idx = torch.full((self.max_bs,), table.dummy_row, dtype=torch.int64, device=dev)
+        backend.init_cuda_graph(self.max_bs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         t = time.perf_counter()
@@ -74,8 +71,8 @@ class GraphRunner:
         with torch.inference_mode():
             for bs in reversed(sizes):
                 batch = self._static_batch(bs)
-                engine.attn_backend.prepare_for_capture(batch)
-                with forward_context(batch, engine.attn_backend):
+                backend.prepare_for_capture(batch)
+                with forward_context(batch, backend):
                     if mem is None:  # one eager pass first: lazy inits and JIT compiles happen outside capture
                         self._run(bs)
                         torch.cuda.synchronize()
@@ -97,7 +94,7 @@ class GraphRunner:
         return batch
 
     def _run(self, bs: int) -> torch.Tensor:
-        return self.engine.model(self.input_ids[:bs], self.positions[:bs], self.logit_idx[:bs])
+        return self.model(self.input_ids[:bs], self.positions[:bs], self.logit_idx[:bs])
 
     def can_run(self, batch: Batch) -> bool:
         return batch.is_decode and batch.size <= self.max_bs
@@ -112,6 +109,6 @@ class GraphRunner:
         if bs > n:
             self.out_loc[n:bs].fill_(self.scratch)  # padding writes only the scratch page
         batch.padded_size = bs
-        self.engine.attn_backend.prepare_for_replay(batch)
+        self.backend.prepare_for_replay(batch)
         self.graphs[bs].replay()
         return self.outputs[bs][:n]

@@ -19,6 +19,7 @@ import torch
 
 from minisgl.core import Batch
 from minisgl.kernels import triton_ops
+from minisgl.registry import Registry
 
 _M32 = 0xFFFFFFFF
 
@@ -114,8 +115,14 @@ def filter_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
 
 
 class Sampler(ABC):
-    """Turns a batch's logits ``[B, vocab]`` (the model's dtype; probabilities are computed in float32)
-    into token ids ``[B]`` (int64)."""
+    """Turns a batch's logits into token ids (lab 02's seam; registered in ``SAMPLERS``).
+
+    Contract: ``logits`` is ``[B, vocab]`` in the model's dtype (compute probabilities in float32);
+    row ``r`` follows ``info``'s ``r``-th parameters. Returns ``[B]`` int64 on the logits' device.
+    Rows with temperature 0 are greedy (argmax). A sampled row's draw depends only on its logits,
+    its parameters, ``info.seeds[r]`` and ``info.steps[r]``, never on the other rows or earlier calls,
+    so a seeded request gives the same tokens in any batch and tensor-parallel ranks agree. It runs
+    inside the engine's forward pass: no host synchronisation on a GPU."""
 
     @abstractmethod
     def sample(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor: ...
@@ -136,4 +143,5 @@ class DefaultSampler(Sampler):
         return torch.where(info.temperatures > 0, sampled, greedy)
 
 
-SAMPLERS: dict[str, type[Sampler]] = {"default": DefaultSampler}
+# name -> a Sampler class (built with no arguments)
+SAMPLERS: Registry[type[Sampler]] = Registry("sampler", {"default": DefaultSampler})

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 
 import torch
 
+from minisgl.env import ENV
+
 
 def _enabled(module: str) -> bool:
-    return os.environ.get("MINISGL_FUSED_KERNELS", "1") != "0" and importlib.util.find_spec(module) is not None
+    return ENV.fused_kernels and importlib.util.find_spec(module) is not None
 
 
 @functools.cache

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from minisgl.env import ENV
 
 logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cc"
@@ -23,7 +24,7 @@ _SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cc"
 @functools.cache
 def _module():
     """The compiled module, or None if it cannot be built here (no compiler: the torch path runs)."""
-    if os.environ.get("MINISGL_DISABLE_JIT", "0") not in ("", "0"):
+    if ENV.disable_jit:
         return None
     try:
         import tvm_ffi.cpp

@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from minisgl.core import get_ctx
+from minisgl.attention.context import get_ctx
 
 
 class AttentionLayer(nn.Module):

@@ -1,12 +1,28 @@
+"""Rotary position embedding. The math (inverse frequencies and the rotation) is registered by name
+(``ROTARIES``, lab 01's seam); the module holds the cos/sin table and takes the fused kernels
+(FlashInfer's rope, our Triton q/k norm + rope) only when it runs the engine's own math."""
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from minisgl.kernels import fused_ops
-from minisgl.models.config import RopeScaling
+from minisgl.kernels import fused_ops, triton_ops
+from minisgl.registry import Registry
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 frequency-dependent scaling (``rope_type == "llama3"``)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None) -> torch.Tensor:
@@ -27,22 +43,41 @@ def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None
     return torch.where(medium, smoothed, scaled)
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding in the "rotate half" layout (Llama, Qwen3): the first and second
-    halves of each head are the two coordinates of ``head_dim / 2`` rotating pairs.
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[tokens, heads, head_dim]`` in the "rotate half" layout (Llama, Qwen3): the
+    pairs are ``(x[..., i], x[..., i + head_dim/2])``; ``cos``/``sin`` are ``[tokens, 1, head_dim/2]``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
-    ``cos_sin`` is a float32 table ``[max_position, head_dim]`` = ``[cos | sin]``, indexed by position
+
+@dataclass(frozen=True)
+class RotaryImpl:
+    """The two functions of rotary embedding: ``inv_freq(head_dim, base, scaling)`` -> float32
+    ``[head_dim/2]``, and ``rotate(x, cos, sin)`` as :func:`apply_rotary`."""
+
+    inv_freq: Callable[[int, float, RopeScaling | None], torch.Tensor]
+    rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+ROTARIES: Registry[RotaryImpl] = Registry("rotary", {"default": RotaryImpl(rope_inv_freq, apply_rotary)})
+
+
+class RotaryEmbedding(nn.Module):
+    """``cos_sin`` is a float32 table ``[max_position, head_dim]`` = ``[cos | sin]``, indexed by position
     once per layer call; values are cast to the activation dtype before use, as HF does."""
 
-    def __init__(self, head_dim: int, max_position: int, base: float, scaling: RopeScaling | None = None):
+    def __init__(self, head_dim: int, max_position: int, base: float, scaling: RopeScaling | None = None, impl=None):
         super().__init__()
-        inv_freq = rope_inv_freq(head_dim, base, scaling)
+        self.head_dim = head_dim
+        self.impl: RotaryImpl = impl if impl is not None else ROTARIES.get("default")
+        self.fusable = ROTARIES.is_default(self.impl)
+        inv_freq = self.impl.inv_freq(head_dim, base, scaling)
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """``q``: ``[tokens, heads, head_dim]``, ``k``: ``[tokens, kv_heads, head_dim]``."""
-        fi = fused_ops(q)
+        fi = fused_ops(q) if self.fusable else None
         if fi is not None:  # rotates q and k in place, reading the same float32 table
             q, k = q.contiguous(), k.contiguous()
             fi.apply_rope_with_cos_sin_cache_inplace(
@@ -50,9 +85,24 @@ class RotaryEmbedding(nn.Module):
             )
             return q, k
         cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self.impl.rotate(q, cos, sin), self.impl.rotate(k, cos, sin)
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    def rotate_qkv(
+        self, positions: torch.Tensor, qkv: torch.Tensor, heads: int, kv_heads: int, q_norm=None, k_norm=None
+    ):
+        """q and k out of a fused projection ``[tokens, (heads + 2 * kv_heads) * head_dim]``, each
+        normed per head first when ``q_norm``/``k_norm`` are given (Qwen3), then rotated. Returns
+        ``q [tokens, heads, head_dim]`` and ``k [tokens, kv_heads, head_dim]``. On a GPU, one Triton
+        kernel does it all, but only when every part is the engine's own."""
+        d = self.head_dim
+        own_norms = q_norm is None or (q_norm.fusable and k_norm.fusable)
+        tri = triton_ops(qkv) if self.fusable and own_norms else None
+        if tri is not None and tri.can_fuse(d):
+            qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
+            eps = q_norm.eps if q_norm is not None else 0.0
+            return tri.qk_norm_rope(qkv, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps)
+        q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        q, k = q.view(-1, heads, d), k.view(-1, kv_heads, d)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        return self(positions, q, k)

@@ -23,6 +23,25 @@ import msgpack
 
 from minisgl.core import SamplingParams
 
+
+@dataclass(frozen=True)
+class Addresses:
+    """The ZMQ endpoints, one PULL socket per process (bound by the process that reads it).
+
+    ``ipc://`` (Unix domain) sockets: no TCP ports to leak or collide. On Linux they live in the
+    abstract namespace (``ipc://@name``), which leaves no file behind even when a process is
+    killed; elsewhere in a private temporary folder that the launcher removes."""
+
+    tokenizer: str
+    scheduler: str
+    detokenizer: str
+    frontend: str
+
+    @classmethod
+    def under(cls, prefix: str) -> Addresses:
+        return cls(*(f"ipc://{prefix}/{name}" for name in ("tokenizer", "scheduler", "detokenizer", "frontend")))
+
+
 _TAG = "__msg__"
 _TYPES: dict[str, type] = {"SamplingParams": SamplingParams}
 
@@ -37,16 +56,13 @@ def _register(cls: type) -> type:
 @dataclass
 class TokenizeMsg:
     """One sequence to generate. Exactly one of ``text`` / ``input_ids`` / ``messages`` is set.
-
-    ``auto_max_tokens``: the client gave no max_tokens; the scheduler fills the context (or
-    the KV pool, whichever is smaller)."""
+    ``sampling.max_tokens`` may be None (the rest of the context): the scheduler resolves it."""
 
     uid: int
     sampling: SamplingParams
     text: str | None = None
     input_ids: list[int] | None = None
     messages: list[dict[str, str]] | None = None  # chat: the template is applied by the tokenizer
-    auto_max_tokens: bool = False
 
 
 @_register
@@ -68,7 +84,6 @@ class GenerateMsg:
     uid: int
     input_ids: list[int]
     sampling: SamplingParams
-    auto_max_tokens: bool = False
 
 
 # ---- scheduler -> detokenizer ----------------------------------------------------------------
@@ -164,6 +179,7 @@ def decode(data: bytes) -> Any:
 
 __all__ = [
     "AbortMsg",
+    "Addresses",
     "BatchReplyMsg",
     "BatchTokenMsg",
     "ErrorMsg",

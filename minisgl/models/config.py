@@ -7,17 +7,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from minisgl.layers.rotary import RopeScaling
+
 SUPPORTED_ARCHS = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama-3 frequency-dependent scaling (``rope_type == "llama3"``)."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position: int
 
 
 @dataclass(frozen=True)
@@ -42,6 +34,20 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         return self.model_type == "qwen3"
+
+    def check_tp_size(self, tp: int) -> None:
+        """Refuse head counts that do not split over ``tp`` ranks, naming sizes that work. KV heads
+        split when ``tp`` divides them, and are replicated when their number divides ``tp``."""
+        splits = lambda n: (
+            self.num_heads % n == 0
+            and (self.num_kv_heads % n == 0 if n <= self.num_kv_heads else n % self.num_kv_heads == 0)
+        )
+        if not splits(tp):
+            good = [n for n in range(1, self.num_heads + 1) if splits(n)]
+            raise ValueError(
+                f"tp_size={tp} does not divide this model's {self.num_heads} attention heads / "
+                f"{self.num_kv_heads} KV heads; tensor-parallel sizes that work: {good}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:

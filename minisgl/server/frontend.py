@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from minisgl.message import (
     AbortMsg,
+    Addresses,
     BatchReplyMsg,
     ErrorMsg,
     ReadyMsg,
@@ -24,7 +25,6 @@ from minisgl.message import (
     encode,
 )
 from minisgl.server.errors import ApiError
-from minisgl.server.process import Addresses
 
 if TYPE_CHECKING:
     from fastapi import Request

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from minisgl.core import SamplingParams
 from minisgl.message import ErrorMsg, ReplyMsg, TokenizeMsg
 from minisgl.server.errors import ApiError, ClientDisconnected, error_body
 
@@ -202,15 +201,6 @@ async def _client_gone(request: Request) -> None:
     has been read; a streaming response is not running yet)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def checked_sampling(sp: SamplingParams) -> SamplingParams:
-    """``sp``, or a 400 that says what is wrong with it."""
-    try:
-        sp.validate()
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
-    return sp
 
 
 # ---- answering: a JSON body or server-sent events ----------------------------------------------

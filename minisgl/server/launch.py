@@ -16,7 +16,7 @@ Lifecycle, and what guarantees it:
 - A child that dies (crash, OOM kill, failed start-up) is noticed within ~0.2 s: its requests get a
   503, the server logs which process died and how, stops the others and exits with code 1.
 - The launcher killed outright (SIGKILL) cannot clean up: the children notice their parent is
-  gone and exit by themselves (``minisgl.server.process``).
+  gone and exit by themselves (``minisgl.process``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ import threading
 import time
 from typing import Any
 
+from minisgl.message import Addresses
+from minisgl.process import free_port, setup_logging
 from minisgl.server.args import ServerArgs
-from minisgl.server.process import Addresses, setup_logging
 
 logger = logging.getLogger("minisgl.server")
 
@@ -60,22 +61,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_workers(engine: dict[str, Any], addrs: Addresses, log_level: str) -> list[mp.Process]:
     """Spawn (not fork: CUDA and torch's threads do not survive a fork) every child process."""
     from minisgl.engine.config import EngineConfig
+    from minisgl.server.detokenizer_worker import run_detokenizer
     from minisgl.server.scheduler_worker import run_scheduler
-    from minisgl.tokenizer.detokenizer import run_detokenizer
-    from minisgl.tokenizer.worker import run_tokenizer
+    from minisgl.server.tokenizer_worker import run_tokenizer
 
     ctx = mp.get_context("spawn")
     tp = engine["tp_size"]
-    init = f"tcp://127.0.0.1:{_free_tcp_port()}" if tp > 1 else ""
+    init = f"tcp://127.0.0.1:{free_port()}" if tp > 1 else ""
     procs = []
     for rank in range(tp):
         cfg = EngineConfig.from_kwargs(**engine, tp_rank=rank, dist_init_method=init)
@@ -201,7 +196,7 @@ def _stop_on_sigterm(sig, frame) -> None:
 def launch(args: ServerArgs) -> int:
     """Run the server until Ctrl-C, SIGTERM or a dead child; returns the exit code."""
     setup_logging(args.log_level, "server")
-    from minisgl.engine.engine import resolve_model
+    from minisgl.models.resolve import resolve_model
 
     try:  # a wrong --model fails here, before any process starts (and converts the embedded model
         # once, before three workers race to do it)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from minisgl.message import TokenizeMsg
 from minisgl.server.errors import ApiError, error_response
 from minisgl.server.frontend import frontend_of
-from minisgl.server.generation import Generation, Seq, checked_sampling, sse, stream_or_collect
+from minisgl.server.generation import Generation, Seq, sse, stream_or_collect
 from minisgl.server.protocol import GenerateRequest
 
 router = APIRouter()
@@ -46,10 +46,7 @@ async def generate(req: GenerateRequest, request: Request):
     if req.text == "" or req.input_ids == []:
         raise ApiError(400, "the prompt is empty", "text" if req.text is not None else "input_ids")
     p = req.sampling_params
-    ctx = int(fe.info["max_seq_len"])
-    if p.max_new_tokens > ctx:
-        raise ApiError(400, f"max_new_tokens is {p.max_new_tokens} but the context is {ctx} tokens")
-    msg = TokenizeMsg(fe.new_uid(), checked_sampling(p.sampling()), text=req.text, input_ids=req.input_ids)
+    msg = TokenizeMsg(fe.new_uid(), p.sampling(), text=req.text, input_ids=req.input_ids)
     gen = Generation(fe, [msg], p.stop)
     rid = uuid.uuid4().hex
 

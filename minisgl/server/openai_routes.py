@@ -13,7 +13,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.server.errors import ApiError
 from minisgl.server.frontend import Frontend, frontend_of
-from minisgl.server.generation import Generation, Seq, checked_sampling, stream_chunker, stream_or_collect
+from minisgl.server.generation import Generation, Seq, stream_chunker, stream_or_collect
 from minisgl.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
@@ -33,14 +33,13 @@ def model_card(info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def check_common(fe: Frontend, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> None:
+def check_supported(fe: Frontend, req: ChatCompletionRequest | CompletionRequest) -> None:
+    """Ready, and no field asks for what this server does not do. Everything about the prompt and
+    the sampling (context length, ``max_tokens``) is checked once, by the scheduler."""
     fe.check_ready()
     bad = req.unsupported_field()
     if bad is not None:
         raise ApiError(400, f"{bad} is not supported by this server", param=bad)
-    ctx = int(fe.info["max_seq_len"])
-    if max_tokens is not None and max_tokens > ctx:
-        raise ApiError(400, f"max_tokens is {max_tokens} but the model's context is {ctx} tokens", "max_tokens")
 
 
 def choice_sampling(sp: SamplingParams, j: int) -> SamplingParams:
@@ -76,14 +75,10 @@ async def model(model_id: str, request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     fe = frontend_of(request)
-    max_tokens = req.requested_max_tokens
-    check_common(fe, req, max_tokens)
-    sp = checked_sampling(req.sampling(max_tokens or 1))
+    check_supported(fe, req)
+    sp = req.sampling(req.requested_max_tokens)  # None: the rest of the context, as OpenAI does
     messages = [m.as_template_input() for m in req.messages]
-    msgs = [
-        TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), messages=messages, auto_max_tokens=max_tokens is None)
-        for j in range(req.n)
-    ]
+    msgs = [TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), messages=messages) for j in range(req.n)]
     gen = Generation(fe, msgs, req.stop, req.n)
     rid, model = f"chatcmpl-{uuid.uuid4().hex}", model_name(fe)
     chunk = stream_chunker(rid, "chat.completion.chunk", gen.created, model, req.include_usage)
@@ -119,8 +114,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request):
     fe = frontend_of(request)
-    check_common(fe, req, req.max_tokens)
-    sp = checked_sampling(req.sampling(req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS))
+    check_supported(fe, req)
+    sp = req.sampling(req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS)
     msgs = []
     for p in req.prompts():
         for j in range(req.n):

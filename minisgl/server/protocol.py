@@ -88,7 +88,7 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    def sampling(self, max_tokens: int | None) -> SamplingParams:
         return SamplingParams(
             temperature=1.0 if self.temperature is None else float(self.temperature),  # OpenAI's default
             top_k=-1 if self.top_k is None else self.top_k,

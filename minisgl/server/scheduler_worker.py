@@ -1,9 +1,8 @@
 """The scheduler process: the in-process ``Scheduler`` behind a ZMQ inbox.
 
-One process per tensor-parallel rank. Rank 0 alone talks ZMQ; with ``tp_size > 1`` it broadcasts
-the messages it received to the other ranks before acting on them, so every rank applies the
-same messages in the same order and takes the same scheduling decisions (their schedulers stay
-identical without ever comparing state). Only rank 0 reports tokens.
+One process per tensor-parallel rank. Rank 0 alone talks ZMQ and reports tokens; with
+``tp_size > 1`` it is a ``ReplicatedScheduler`` and the other ranks ``follow`` its command log
+(``minisgl/scheduler/replicated.py``), exactly as ``LLM(tp_size=N)`` does offline.
 
 Loop: take every waiting message (block only while there is nothing to run), apply them, run one
 step, send its tokens to the detokenizer.
@@ -15,9 +14,11 @@ import logging
 import sys
 from typing import Any
 
+from minisgl.core import RequestError
 from minisgl.engine.config import EngineConfig
 from minisgl.message import (
     AbortMsg,
+    Addresses,
     BatchTokenMsg,
     ErrorMsg,
     GenerateMsg,
@@ -28,31 +29,30 @@ from minisgl.message import (
     decode,
     encode,
 )
-from minisgl.server.process import Addresses, setup_child
+from minisgl.process import setup_child
+from minisgl.scheduler import Scheduler
+from minisgl.scheduler.replicated import ReplicatedScheduler, follow
 
 logger = logging.getLogger(__name__)
 
-IDLE_POLL_MS = 500  # an idle rank 0 still wakes up this often (TP ranks wait on its broadcast)
+IDLE_POLL_MS = 500  # an idle scheduler still wakes up this often
 
 
 class SchedulerWorker:
-    def __init__(self, config: EngineConfig, addrs: Addresses):
-        from minisgl.scheduler import Scheduler
+    """Rank 0: requests in over ZMQ, tokens out."""
 
-        self.config = config
-        self.rank, self.tp_size = config.tp_rank, config.tp_size
-        self.sched = Scheduler(config)
+    def __init__(self, sched: Scheduler, addrs: Addresses):
+        import zmq
+
+        self.sched, self.config = sched, sched.config
+        self.tp_size = self.config.tp_size
         self.reqs: dict[int, Any] = {}  # uid -> Req, while the request lives (for its prompt counts)
         self.finished = self.aborted = self.rejected = 0
-        self.inbox = self.outbox = None
-        if self.rank == 0:
-            import zmq
-
-            ctx = zmq.Context()
-            self.inbox = ctx.socket(zmq.PULL)
-            self.inbox.bind(addrs.scheduler)
-            self.outbox = ctx.socket(zmq.PUSH)
-            self.outbox.connect(addrs.detokenizer)
+        ctx = zmq.Context()
+        self.inbox = ctx.socket(zmq.PULL)
+        self.inbox.bind(addrs.scheduler)
+        self.outbox = ctx.socket(zmq.PUSH)
+        self.outbox.connect(addrs.detokenizer)
 
     def info(self) -> dict[str, Any]:
         from minisgl.models.embedded import EMBEDDED_NAME
@@ -99,42 +99,27 @@ class SchedulerWorker:
 
     # ---- messages ----------------------------------------------------------------------------
     def _recv(self) -> list[Any]:
+        import zmq
+
         msgs: list[Any] = []
-        if self.rank == 0:
-            import zmq
-
-            timeout = 0 if self.sched.has_work else IDLE_POLL_MS
-            if self.inbox.poll(timeout):
-                while True:
-                    try:
-                        msgs.append(decode(self.inbox.recv(zmq.NOBLOCK)))
-                    except zmq.Again:
-                        break
-        if self.tp_size > 1:
-            from minisgl.distributed import broadcast_objects
-
-            msgs = broadcast_objects(msgs if self.rank == 0 else None)
+        timeout = 0 if self.sched.has_work else IDLE_POLL_MS
+        if self.inbox.poll(timeout):
+            while True:
+                try:
+                    msgs.append(decode(self.inbox.recv(zmq.NOBLOCK)))
+                except zmq.Again:
+                    break
         return msgs
 
     def _send(self, msg: Any) -> None:
-        if self.outbox is not None:
-            self.outbox.send(encode(msg))
+        self.outbox.send(encode(msg))
 
     def _generate(self, msg: GenerateMsg) -> None:
-        e, sp = self.sched.engine, msg.sampling
-        n = len(msg.input_ids)
-        if msg.auto_max_tokens:  # fill the context, but never more than the pool could ever hold
-            sp.max_tokens = max(1, min(e.max_seq_len, e.num_pages * self.sched.page_size) - n)
         try:
-            if n >= e.max_seq_len:
-                raise ValueError(
-                    f"this model's context is {e.max_seq_len} tokens but the prompt has {n}; shorten the prompt"
-                )
-            req = self.sched.make_request(msg.uid, msg.input_ids, sp)
-        except ValueError as err:
+            req = self.sched.make_request(msg.uid, msg.input_ids, msg.sampling)
+        except RequestError as err:
             self.rejected += 1
-            code = "context_length_exceeded" if n >= e.max_seq_len else None
-            self._send(ErrorMsg(msg.uid, str(err), 400, code=code))
+            self._send(ErrorMsg(msg.uid, str(err), 400, code=err.code, param=err.param))
             return
         self.sched.add(req)
         self.reqs[msg.uid] = req
@@ -150,7 +135,7 @@ class SchedulerWorker:
         elif isinstance(msg, StatsReqMsg):
             self._send(StatsMsg(msg.uid, self.stats()))
         elif isinstance(msg, ReadyMsg):  # the tokenizer's, on its way to the API server
-            self.sched.eos_ids |= set(msg.info.get("eos_ids", ()))  # as LLM does with its tokenizer
+            self.sched.add_eos_ids(msg.info.get("eos_ids", ()))  # as LLM does with its tokenizer
             self._send(msg)
         else:
             logger.warning("ignoring unexpected message %s", type(msg).__name__)
@@ -180,8 +165,14 @@ def run_scheduler(config: EngineConfig, addrs: Addresses, log_level: str) -> Non
     name = "scheduler" if config.tp_size == 1 else f"scheduler-{config.tp_rank}"
     setup_child(name, log_level)
     try:
-        worker = SchedulerWorker(config, addrs)
+        if config.tp_rank > 0:
+            sched = Scheduler(config)
+        else:
+            sched = ReplicatedScheduler(config) if config.tp_size > 1 else Scheduler(config)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:  # bad arguments: no traceback
         logger.error("cannot start the engine: %s", e)
         sys.exit(1)
-    worker.run()
+    if config.tp_rank > 0:
+        follow(sched)
+    else:
+        SchedulerWorker(sched, addrs).run()

@@ -12,7 +12,6 @@ answer being written. Sampling comes from ``MINISGL_SHELL_*`` environment variab
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from minisgl.core import SamplingParams
+from minisgl.env import ENV, Env
 from minisgl.server.args import ServerArgs
 
 HELP = "/reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer"
@@ -35,17 +35,13 @@ class ShellSettings:
     history_file: str | None = None  # None: <minisgl cache>/shell_history
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ShellSettings:
-        env = os.environ if env is None else env
-        s = cls()
-        for name, conv in (("max_tokens", int), ("temperature", float), ("top_p", float), ("top_k", int)):
-            raw = env.get(f"MINISGL_SHELL_{name.upper()}")
-            if raw not in (None, ""):
-                try:
-                    setattr(s, name, conv(raw))
-                except ValueError:
-                    raise ValueError(f"MINISGL_SHELL_{name.upper()}={raw!r} is not a valid {conv.__name__}") from None
-        s.history_file = env.get("MINISGL_SHELL_HISTORY") or None
+    def from_env(cls, environ: dict[str, str] | None = None) -> ShellSettings:
+        """From the ``MINISGL_SHELL_*`` variables (``minisgl.env``) of ``environ``, or of the process;
+        ``ValueError`` names a malformed one."""
+        env = Env(environ) if environ is not None else ENV
+        if environ is None:
+            env.check()
+        s = cls(env.shell_max_tokens, env.shell_temperature, env.shell_top_p, env.shell_top_k, env.shell_history)
         s.sampling().validate()
         return s
 

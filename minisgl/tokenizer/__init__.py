@@ -1,4 +1,4 @@
-"""Tokenizer loading (and, for the server, the tokenizer/detokenizer workers)."""
+"""Tokenizer loading and use: prompts (text, token ids or a chat) to token ids, and EOS ids."""
 
 from __future__ import annotations
 
@@ -31,3 +31,17 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, str]]) -> list[
     if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
         out = out["input_ids"]
     return list(out)
+
+
+def tokenize(
+    tokenizer: Any, text: str | None = None, input_ids: list[int] | None = None, messages: list[dict] | None = None
+) -> list[int]:
+    """The prompt's token ids from exactly one of ``text``, ``input_ids`` or a chat's ``messages``;
+    ``ValueError`` says what is wrong with the input (the scheduler checks the ids themselves)."""
+    if messages is not None:
+        return apply_chat_template(tokenizer, messages)
+    if text is not None:
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer: send the prompt as token ids")
+        return tokenizer.encode(text, add_special_tokens=True)
+    return list(input_ids or [])

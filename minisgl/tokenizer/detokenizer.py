@@ -1,4 +1,4 @@
-"""Incremental detokenization, and the detokenizer worker that applies it to the scheduler's output.
+"""Incremental detokenization (the server's detokenizer worker applies it to the scheduler's output).
 
 Decoding one token at a time does not work: a character may span several byte-level tokens, and
 SentencePiece-style tokenizers decide a token's leading space from the token before it. So the
@@ -11,13 +11,7 @@ decoder re-decodes a short window that starts a little before the new tokens::
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-from minisgl.message import BatchReplyMsg, BatchTokenMsg, ReplyMsg, decode, encode
-from minisgl.server.process import Addresses, setup_child
-
-logger = logging.getLogger(__name__)
 
 
 class IncrementalDecoder:
@@ -51,47 +45,3 @@ class IncrementalDecoder:
             return ""
         self.prefix, self.read = self.read, len(self.ids)
         return after[len(before) :]
-
-
-def run_detokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_level: str) -> None:
-    """Process entry point: token batches in, text replies out; other messages pass through."""
-    setup_child("detokenizer", log_level)
-    import zmq
-
-    from minisgl.engine.engine import resolve_model
-    from minisgl.tokenizer import load_tokenizer
-
-    path, _ = resolve_model(model, dummy_weight)
-    tokenizer = load_tokenizer(path)
-    ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.bind(addrs.detokenizer)
-    out = ctx.socket(zmq.PUSH)
-    out.connect(addrs.frontend)
-    decoders: dict[int, IncrementalDecoder] = {}
-    logger.info("detokenizer ready")
-    while True:
-        msg = decode(inbox.recv())
-        if not isinstance(msg, BatchTokenMsg):
-            out.send(encode(msg))
-            continue
-        # a request's tokens in one batch are merged into one reply
-        replies: dict[int, ReplyMsg] = {}
-        for t in msg.tokens:
-            reply = replies.get(t.uid)
-            if reply is None:
-                reply = replies[t.uid] = ReplyMsg(t.uid, "", [], None, t.prompt_tokens, t.cached_tokens)
-            if t.finish_reason == "abort":
-                decoders.pop(t.uid, None)
-                reply.finish_reason = "abort"
-                continue
-            dec = decoders.get(t.uid)
-            if dec is None:
-                dec = decoders[t.uid] = IncrementalDecoder(tokenizer)
-            reply.token_ids.append(t.token_id)
-            reply.text += dec.push([t.token_id])
-            if t.finish_reason is not None:
-                reply.text += dec.flush()
-                reply.finish_reason = t.finish_reason
-                del decoders[t.uid]
-        out.send(encode(BatchReplyMsg(list(replies.values()))))

@@ -1,9 +1,10 @@
-"""What every child process of the server does first: logging, signals, and dying with its parent.
+"""Process helpers shared by the server, the tensor-parallel ranks and the tests: a free TCP port,
+logging, and what every child process does first (signals, dying with its parent).
 
-The launcher (the API server's process) owns its children: it stops them on Ctrl-C / SIGTERM and
-when one of them crashes. If the launcher itself is killed (``kill -9``, OOM) nobody is left to do
-that, so each child also watches its parent and exits when it is gone: ``prctl(PR_SET_PDEATHSIG)``
-on Linux, and a thread polling ``os.getppid()`` everywhere (and as a backstop).
+A launcher (the API server's process, or ``LLM(tp_size=N)``'s) owns its children: it stops them on
+Ctrl-C / SIGTERM and when one of them crashes. If the launcher itself is killed (``kill -9``, OOM)
+nobody is left to do that, so each child also watches its parent and exits when it is gone:
+``prctl(PR_SET_PDEATHSIG)`` on Linux, and a thread polling ``os.getppid()`` (also a backstop).
 """
 
 from __future__ import annotations
@@ -13,30 +14,19 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 _PR_SET_PDEATHSIG = 1
 
 
-@dataclass(frozen=True)
-class Addresses:
-    """The ZMQ endpoints, one PULL socket per process (bound by the process that reads it).
-
-    ``ipc://`` (Unix domain) sockets: no TCP ports to leak or collide. On Linux they live in the
-    abstract namespace (``ipc://@name``), which leaves no file behind even when a process is
-    killed; elsewhere in a private temporary folder that the launcher removes."""
-
-    tokenizer: str
-    scheduler: str
-    detokenizer: str
-    frontend: str
-
-    @classmethod
-    def under(cls, prefix: str) -> Addresses:
-        return cls(*(f"ipc://{prefix}/{name}" for name in ("tokenizer", "scheduler", "detokenizer", "frontend")))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the caller binds it soon after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def setup_logging(level: str, name: str) -> None:

@@ -1,0 +1,44 @@
+"""Chunked prefill: how much of a prompt a prefill batch computes, and when decodes cut in.
+
+A prefill batch computes at most ``max_prefill_length`` new tokens. A prompt that does not fit in
+what is left of the batch is cut: its first chunk runs now, the rest in later batches (its KV up to
+the cut is written, so each next chunk attends to the earlier ones as a cached prefix)::
+
+    batch 1: [req A: 0 ........ 600 | req B: 0 ... 412 ✂]        budget 1024
+    batch 2: decode of A and the other running requests          (one decode step between chunks)
+    batch 3: [req B: 412 ............... 1436 ✂]
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from minisgl.core import Req
+from minisgl.registry import Registry
+
+
+class ChunkingPolicy(ABC):
+    """Lab 07's seam, registered in ``CHUNKING_POLICIES``."""
+
+    @abstractmethod
+    def extend_end(self, req: Req, tokens_left: float) -> int:
+        """Where ``req``'s extend in this batch ends, given ``tokens_left > 0`` new tokens left in the
+        batch (``inf``: no budget). It starts at ``req.cached_len``; the result is in
+        ``(req.cached_len, req.prompt_len]`` and at most ``req.cached_len + tokens_left``. A result
+        below ``prompt_len`` cuts the prompt: the request continues first in the next prefill batch."""
+
+    def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
+        """Whether the next batch decodes the running requests (``num_decodable`` of them) rather
+        than prefilling, when both could run; ``after_chunk``: the last batch cut a prompt."""
+        return after_chunk and num_decodable > 0
+
+
+class GreedyChunking(ChunkingPolicy):
+    """Fill the batch: a prompt takes all the tokens left; one decode step between two chunks, so
+    a long prompt delays the running requests' next token by one chunk at most."""
+
+    def extend_end(self, req: Req, tokens_left: float) -> int:
+        return int(min(req.prompt_len, req.cached_len + tokens_left))
+
+
+CHUNKING_POLICIES: Registry[type[ChunkingPolicy]] = Registry("chunking policy", {"default": GreedyChunking})

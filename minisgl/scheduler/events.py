@@ -1,0 +1,60 @@
+"""What the scheduler reports: a token per request per step (``TokenEvent``), a record per batch
+for observers (``BatchEvent``), and prefix-cache counters (``CacheStats``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token of a request; ``finish_reason`` is set on its last one."""
+
+    uid: int
+    token_id: int
+    finish_reason: str | None = None
+
+
+@dataclass
+class BatchEvent:
+    """One batch, as an observer sees it once its tokens reached the host (``Scheduler.observers``).
+
+    Memory is counted in pages right after the batch's KV was allocated; times are
+    ``time.perf_counter()`` seconds: scheduling began, the forward pass was launched (on a GPU it
+    runs asynchronously after that), its tokens were processed."""
+
+    index: int  # batches run so far, from 0
+    kind: Literal["prefill", "decode"]
+    uids: list[int]
+    starts: list[int]  # request i computes positions [starts[i], ends[i])
+    ends: list[int]
+    hit_tokens: int  # prompt tokens of the requests admitted by this batch served from the prefix cache
+    pages_used: int  # held by running requests
+    pages_cached: int  # held by the prefix cache (evictable or locked)
+    pages_free: int
+    num_waiting: int  # after this batch was planned
+    num_running: int
+    t_scheduled: float
+    t_launched: float = 0.0
+    t_done: float = 0.0
+    finished: dict[int, str] = field(default_factory=dict)  # uid -> finish reason, for requests done here
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e - s for s, e in zip(self.starts, self.ends))
+
+
+BatchObserver = Callable[[BatchEvent], None]
+
+
+@dataclass
+class CacheStats:
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    hit_tokens: int = 0  # of which served from the prefix cache
+    prefill_tokens: int = 0  # tokens computed by prefill batches
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

@@ -1,0 +1,62 @@
+"""The tokenizer process: text (or a chat) in, token ids out, on their way to the scheduler.
+
+Input it cannot turn into a prompt (no chat template, a tokenizer error) is refused here with an
+``ErrorMsg`` straight to the API server; everything else it does not handle (aborts, stats
+requests) is forwarded to the scheduler unchanged, in order. Its ``ReadyMsg`` carries the
+tokenizer's EOS ids to the scheduler (which then need not load the tokenizer itself: that costs
+seconds at start-up).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from minisgl.message import Addresses, ErrorMsg, GenerateMsg, ReadyMsg, TokenizeMsg, decode, encode
+from minisgl.models.resolve import resolve_model
+from minisgl.process import setup_child
+from minisgl.tokenizer import eos_token_ids, load_tokenizer, tokenize
+
+logger = logging.getLogger(__name__)
+
+
+def start_text_worker(name: str, model: str | None, dummy_weight: bool, inbox_addr: str, log_level: str):
+    """What the tokenizer and the detokenizer process do first: set up the child, load the model's
+    tokenizer, bind their inbox. Returns ``(tokenizer, inbox, push)``, where
+    ``push(addr)`` connects a PUSH socket to another process."""
+    setup_child(name, log_level)
+    import zmq
+
+    path, _ = resolve_model(model, dummy_weight)
+    tokenizer = load_tokenizer(path)
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind(inbox_addr)
+
+    def push(addr: str):
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(addr)
+        return sock
+
+    return tokenizer, inbox, push
+
+
+def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_level: str) -> None:
+    """Process entry point."""
+    tokenizer, inbox, push = start_text_worker("tokenizer", model, dummy_weight, addrs.tokenizer, log_level)
+    to_scheduler, to_frontend = push(addrs.scheduler), push(addrs.frontend)
+    # to the scheduler, which takes the tokenizer's EOS ids from it and passes it on: the message
+    # reaches the API server through every stage, and before any request (same pipes, in order)
+    to_scheduler.send(encode(ReadyMsg("tokenizer", {"eos_ids": sorted(eos_token_ids(tokenizer))})))
+    logger.info("tokenizer ready")
+    while True:
+        msg = decode(inbox.recv())
+        if not isinstance(msg, TokenizeMsg):
+            to_scheduler.send(encode(msg))
+            continue
+        try:
+            ids = tokenize(tokenizer, msg.text, msg.input_ids, msg.messages)
+        except Exception as e:  # a template or tokenizer error is the input's fault, not ours
+            param = "messages" if msg.messages is not None else "prompt"
+            to_frontend.send(encode(ErrorMsg(msg.uid, str(e) or type(e).__name__, 400, param=param)))
+            continue
+        to_scheduler.send(encode(GenerateMsg(msg.uid, ids, msg.sampling)))

@@ -1,0 +1,93 @@
+"""Recording implementations of the engine's seams, for ``test_seams.py``: each behaves like the
+engine's own and counts its calls in ``CALLS``. A module of its own, so that a process started with
+``spawn`` (a tensor-parallel rank) can import one by its ``"seam_impls:Name"`` path."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from minisgl.attention import TorchBackend
+from minisgl.distributed import TorchCommunicator
+from minisgl.engine.sample import DefaultSampler
+from minisgl.kvcache import FreeListAllocator, RadixPrefixCache, TensorReqTable
+from minisgl.layers import RowParallelLinear, TPLayers, apply_rotary, rms_norm, rope_inv_freq, silu_and_mul
+from minisgl.layers.rotary import RotaryImpl
+from minisgl.scheduler import FirstComeFirstServed, GreedyChunking, PlainLoop
+
+CALLS: Counter = Counter()
+
+
+def counted(name: str, fn):
+    def wrapper(*args, **kwargs):
+        CALLS[name] += 1
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class Sampler(DefaultSampler):
+    def sample(self, logits, info):
+        CALLS["sampler"] += 1
+        return super().sample(logits, info)
+
+
+class Cache(RadixPrefixCache):
+    def match_prefix(self, token_ids):
+        CALLS["prefix_cache"] += 1
+        return super().match_prefix(token_ids)
+
+
+class Backend(TorchBackend):
+    name = "recording"
+
+    def forward(self, q, k, v, layer_id, batch):
+        CALLS["attention"] += 1
+        return super().forward(q, k, v, layer_id, batch)
+
+
+class Allocator(FreeListAllocator):
+    def alloc(self, n):
+        CALLS["allocator"] += 1
+        return super().alloc(n)
+
+
+class Table(TensorReqTable):
+    def map_pages(self, rows, starts, ends, pages):
+        CALLS["req_table"] += 1
+        return super().map_pages(rows, starts, ends, pages)
+
+
+class Admission(FirstComeFirstServed):
+    def admit(self, waiting, ctx):
+        CALLS["admission"] += 1
+        return super().admit(waiting, ctx)
+
+
+class Chunking(GreedyChunking):
+    def extend_end(self, req, tokens_left):
+        CALLS["chunking"] += 1
+        return super().extend_end(req, tokens_left)
+
+
+class Loop(PlainLoop):
+    def step(self):
+        CALLS["loop"] += 1
+        return super().step()
+
+
+class Row(RowParallelLinear):
+    def forward(self, x):
+        CALLS["tp_layers"] += 1
+        return super().forward(x)
+
+
+class Communicator(TorchCommunicator):
+    def all_reduce(self, x):
+        CALLS["communicator"] += 1
+        return super().all_reduce(x)
+
+
+norm = counted("norm", rms_norm)
+rotary = RotaryImpl(counted("rotary", rope_inv_freq), counted("rotary", apply_rotary))
+activation = counted("activation", silu_and_mul)
+tp_layers = TPLayers(row=Row)

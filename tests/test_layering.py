@@ -1,0 +1,147 @@
+"""The package's layering, checked on the source: which part of ``minisgl`` may import which.
+
+Every module belongs to the layer of its top-level name (``minisgl.scheduler.prefill`` ->
+``scheduler``). A module may import its own layer and the layers below it, never one above; and no
+two files import each other, directly or around a circle. Every import counts: at the top of a file,
+inside a function, or under ``if TYPE_CHECKING:``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "minisgl"
+
+# lowest first; names on one line form one layer
+LAYERS: list[set[str]] = [
+    {"env", "registry", "process", "utils"},  # foundations: no engine concepts
+    {"core", "kernels", "message", "tokenizer"},  # the data model, kernels, wire format, tokenizers
+    {"distributed", "kvcache"},  # collectives; KV memory (pool, pages, page table, prefix caches)
+    {"attention"},  # backends over the KV pool
+    {"layers"},  # norm, rotary, activation, TP linear/embedding, the attention layer
+    {"models"},  # config, the decoder, weights
+    {"engine"},  # model + memory + backend + sampler + CUDA graphs: one forward pass
+    {"scheduler"},  # continuous batching over the engine; tensor-parallel replication
+    {"llm", "__init__"},  # the offline API
+    {"server", "__main__"},  # processes, HTTP, shell
+    {"benchmark"},  # programs that measure all of the above
+]
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports_of(module: str) -> set[str]:
+    """The minisgl modules (files) that ``module`` imports anywhere in its source."""
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = package.split(".")
+                base = ".".join(anchor[: len(anchor) - node.level + 1] + ([base] if base else []))
+            # `from pkg import sub` imports the submodule pkg.sub when there is such a file
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:  # `import minisgl.x.y` of a name inside a module
+                name = name.rpartition(".")[0]
+            if name.startswith("minisgl") and name != module:
+                out.add(name)
+    return out
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted({layer_of(m) for m in MODULES} - set(RANK))
+    assert not unknown, f"add {unknown} to LAYERS in {Path(__file__).name} (and to the README's architecture)"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down(module):
+    if layer_of(module) not in RANK:
+        pytest.skip("no layer (see test_every_module_has_a_layer)")
+    mine = RANK[layer_of(module)]
+    up = sorted(t for t in GRAPH[module] if RANK.get(layer_of(t), -1) > mine)
+    assert not up, f"{module} (layer {layer_of(module)!r}) imports higher layers: {up}"
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` that hold more than one node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_circles():
+    found = circles(GRAPH)
+    assert not found, f"files that import each other (directly or around a circle): {found}"
+
+
+def test_the_checker_sees_imports():
+    """The checker is not blind: known edges of every kind are found (top level, inside a function,
+    a submodule through `from package import name`)."""
+    assert "minisgl.engine.engine" in GRAPH["minisgl.scheduler.scheduler"]
+    assert "minisgl.server.launch" in GRAPH["minisgl.__main__"]  # imported inside main()
+    assert "minisgl.models.embedded" in GRAPH["minisgl.models.resolve"]  # inside a function
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+MAX_LINES = 350
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_files_stay_small(module):
+    n = len(MODULES[module].read_text().splitlines())
+    assert n <= MAX_LINES, f"{MODULES[module].relative_to(ROOT.parent)} has {n} lines: split it by concern"

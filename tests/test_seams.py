@@ -1,0 +1,134 @@
+"""Every seam the course swaps is public and registered by name, and the engine really runs what is
+registered: a recording implementation (``seam_impls.py``) selected by its name is called, and the
+engine's tokens do not change. Also the scheduler observer's batch events."""
+
+from __future__ import annotations
+
+import pytest
+import seam_impls
+from seam_impls import CALLS
+
+from minisgl import LLM, SamplingParams
+from minisgl.attention import BACKENDS
+from minisgl.distributed import COMMUNICATORS, get_communicator
+from minisgl.engine.sample import SAMPLERS
+from minisgl.kvcache import ALLOCATORS, PREFIX_CACHES, REQ_TABLES
+from minisgl.layers import ACTIVATIONS, NORMS, ROTARIES, TP_LAYERS
+from minisgl.registry import Registry
+from minisgl.scheduler import ADMISSION_POLICIES, CHUNKING_POLICIES, LOOPS, BatchEvent
+
+PROMPTS = [[5, 6, 7, 8, 9], list(range(3, 60)), [5, 6, 7, 8, 9, 10, 11]]
+PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
+
+# seam -> (registry, the recording implementation, how the engine is told to use the name)
+SEAMS = {
+    "sampler": (SAMPLERS, seam_impls.Sampler, "components"),
+    "prefix_cache": (PREFIX_CACHES, seam_impls.Cache, "cache_type"),
+    "attention": (BACKENDS, seam_impls.Backend, "attention_backend"),
+    "norm": (NORMS, seam_impls.norm, "components"),
+    "rotary": (ROTARIES, seam_impls.rotary, "components"),
+    "activation": (ACTIVATIONS, seam_impls.activation, "components"),
+    "tp_layers": (TP_LAYERS, seam_impls.tp_layers, "components"),
+    "allocator": (ALLOCATORS, seam_impls.Allocator, "components"),
+    "req_table": (REQ_TABLES, seam_impls.Table, "components"),
+    "admission": (ADMISSION_POLICIES, seam_impls.Admission, "components"),
+    "chunking": (CHUNKING_POLICIES, seam_impls.Chunking, "components"),
+    "loop": (LOOPS, seam_impls.Loop, "components"),
+}
+
+
+def run(model, **engine_args) -> list[list[int]]:
+    llm = LLM(str(model), dtype="float32", max_prefill_length=32, **engine_args)
+    try:
+        return [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    return run(tiny_llama)
+
+
+@pytest.mark.parametrize("seam", sorted(SEAMS))
+def test_a_registered_replacement_is_what_runs(seam, tiny_llama, reference):
+    registry, impl, how = SEAMS[seam]
+    CALLS.clear()
+    with registry.registered("recording", impl):
+        args = {"components": {seam: "recording"}} if how == "components" else {how: "recording"}
+        tokens = run(tiny_llama, **args)
+    assert CALLS[seam] > 0, f"the engine never called the registered {seam}"
+    assert tokens == reference
+
+
+def test_a_swapped_layer_skips_the_fused_path(tiny_llama):
+    """The layers take their fused kernels only for the engine's own math, so a swapped-in norm
+    or rotary runs even where a fused kernel exists."""
+    from minisgl.layers import RMSNorm, RotaryEmbedding
+
+    assert RMSNorm(8).fusable and not RMSNorm(8, impl=seam_impls.norm).fusable
+    assert RotaryEmbedding(8, 16, 1e4).fusable and not RotaryEmbedding(8, 16, 1e4, impl=seam_impls.rotary).fusable
+
+
+def test_an_unknown_name_lists_the_choices():
+    with pytest.raises(ValueError, match=r"unknown sampler 'nope'; choose one of \['default'\]"):
+        SAMPLERS.get("nope")
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        SAMPLERS.get("no_such_module:Sampler")
+    reg = Registry("thing", {"a": 1}, aliases={"b": "a"})
+    assert reg.get("b") == 1 and "b" in reg and reg.names() == ["a"]
+    with reg.registered("a", 2):
+        assert reg.get("a") == 2
+    assert reg.get("a") == 1
+
+
+def test_a_module_path_reaches_spawned_ranks(tiny_llama, reference):
+    """A component given as 'module:attr' is imported by every tensor-parallel rank (the spawned
+    ones cannot see what the parent registered at run time); rank 0 is this process."""
+    CALLS.clear()
+    llm = LLM(str(tiny_llama), dtype="float32", tp_size=2, components={"communicator": "seam_impls:Communicator"})
+    try:
+        assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)] == reference
+        assert isinstance(get_communicator(), seam_impls.Communicator) and CALLS["communicator"] > 0
+        assert COMMUNICATORS.get("seam_impls:Communicator") is seam_impls.Communicator
+    finally:
+        llm.shutdown()
+
+
+def test_the_observer_reports_every_batch(tiny_llama):
+    """One event per batch, in order: kind, requests, positions computed, memory, cache hits, times."""
+    llm = LLM(str(tiny_llama), dtype="float32", max_prefill_length=32, num_pages=512)
+    events: list[BatchEvent] = []
+    llm.scheduler.observers.append(events.append)
+    try:
+        outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+        again = llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)  # its prompt is cached now
+    finally:
+        llm.shutdown()
+    assert [e.index for e in events] == list(range(len(events)))
+    assert events[0].kind == "prefill" and {e.kind for e in events} == {"prefill", "decode"}
+    prefill = [e for e in events if e.kind == "prefill"]
+    assert all(e.num_tokens <= 32 for e in prefill), "the prefill budget holds in every batch"
+    computed = sum(e.num_tokens for e in prefill)
+    assert computed == llm.cache_stats.prefill_tokens
+    assert sum(e.hit_tokens for e in prefill) == llm.cache_stats.hit_tokens > 0 == events[0].hit_tokens
+    for e in events:
+        if e.kind == "decode":
+            assert all(end - start == 1 for start, end in zip(e.starts, e.ends))
+        assert e.pages_used + e.pages_cached + e.pages_free == 512
+        assert e.t_scheduled <= e.t_launched <= e.t_done
+    finished = {uid: reason for e in events for uid, reason in e.finished.items()}
+    assert len(finished) == len(outs) + len(again) and set(finished.values()) == {"length"}
+    decodes = [e for e in events if e.kind == "decode"]
+    assert max(len(e.uids) for e in decodes) == len(PROMPTS), "decodes batch every running request"
+
+
+def test_no_observer_no_events(tiny_llama, monkeypatch):
+    """Without observers, no event is ever built (zero cost)."""
+    from minisgl.scheduler.scheduler import Scheduler
+
+    def fail(*args):
+        raise AssertionError("a batch event was built with no observer")
+
+    monkeypatch.setattr(Scheduler, "_batch_event", fail)
+    assert run(tiny_llama)

@@ -76,7 +76,9 @@ class Req:
 
     Its counters change only through the methods below, in this order: ``admit`` (a row and a
     cached prefix), then per batch ``extend_to`` (and ``grow_alloc`` for new KV pages), per sampled
-    token ``append_token``, and ``finish`` once. ``sampling.max_tokens`` is resolved (never None)."""
+    token ``append_token``, and ``finish`` once. ``retract`` (memory ran out) sends it back to the
+    waiting queue: it keeps its outputs, and its next admission prefills ``fill_ids`` (prompt and
+    outputs) before it decodes on. ``sampling.max_tokens`` is resolved (never None)."""
 
     uid: int
     input_ids: list[int]
@@ -89,9 +91,10 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     cache_handle: Any = None  # prefix-cache handle of the locked matched prefix
     alloc_len: int = 0  # positions [0, alloc_len) have KV slots in the page table
-    hit_len: int = 0  # prompt tokens served from the prefix cache at admission
+    hit_len: int = 0  # prompt tokens served from the prefix cache at (first) admission
     locked_len: int = 0  # positions [0, locked_len) are the cache's, locked by cache_handle
     finish_reason: FinishReason | None = None
+    epoch: int = 0  # times retracted: a batch planned before a retraction drops this request's token
 
     def __post_init__(self) -> None:
         self.device_len = len(self.input_ids)
@@ -118,12 +121,20 @@ class Req:
     def all_token_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 
+    @property
+    def fill_ids(self) -> list[int]:
+        """What an admission must put in the KV cache before decoding: the prompt, and the outputs
+        of a retracted request (``len(fill_ids) == device_len`` while it waits)."""
+        return self.input_ids + self.output_ids if self.output_ids else self.input_ids
+
     # ---- state changes -----------------------------------------------------------------------
     def admit(self, row: int, hit_len: int, handle: Any) -> None:
         """Takes request-table ``row``; its first ``hit_len`` tokens come from the prefix cache,
         locked by ``handle`` (their KV is written: prefill starts after them)."""
         self.table_idx, self.cache_handle = row, handle
-        self.hit_len = self.locked_len = self.cached_len = self.alloc_len = hit_len
+        self.locked_len = self.cached_len = self.alloc_len = hit_len
+        if self.epoch == 0:  # a re-admission's hit is mostly its own retracted KV: not a prompt hit
+            self.hit_len = hit_len
 
     def extend_to(self, end: int) -> bool:
         """A batch computes positions ``[cached_len, end)``. Returns whether its sample is kept:
@@ -153,6 +164,14 @@ class Req:
             return "length"
         return None
 
+    def retract(self) -> None:
+        """Memory ran out: it gave back its row and KV (and drops a token still in flight). It
+        waits again, to prefill its prompt and outputs so far and decode on from there."""
+        self.table_idx, self.cache_handle = -1, None
+        self.cached_len = self.alloc_len = self.locked_len = 0
+        self.device_len = self.prompt_len + len(self.output_ids)
+        self.epoch += 1
+
     def finish(self, reason: FinishReason) -> None:
         """Done: it holds no row any more (its memory was released or cached)."""
         self.finish_reason, self.table_idx = reason, -1
@@ -172,6 +191,7 @@ class Batch:
     ends: list[int] = field(default_factory=list)
     # rows that sample a kept token (their pass reaches device_len); others are mid-prompt chunks
     sample_mask: list[bool] = field(default_factory=list)
+    epochs: list[int] = field(default_factory=list)  # each request's epoch when the batch was planned
     input_ids: torch.Tensor | None = None  # [num_tokens] on device
     positions: torch.Tensor | None = None  # [num_tokens]
     out_loc: torch.Tensor | None = None  # [num_tokens] KV slot of each new token

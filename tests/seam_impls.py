@@ -12,7 +12,7 @@ from minisgl.engine.sample import DefaultSampler
 from minisgl.kvcache import FreeListAllocator, RadixPrefixCache, TensorReqTable
 from minisgl.layers import RowParallelLinear, TPLayers, apply_rotary, rms_norm, rope_inv_freq, silu_and_mul
 from minisgl.layers.rotary import RotaryImpl
-from minisgl.scheduler import FirstComeFirstServed, GreedyChunking, PlainLoop
+from minisgl.scheduler import GreedyChunking, Optimistic, PlainLoop
 
 CALLS: Counter = Counter()
 
@@ -57,7 +57,7 @@ class Table(TensorReqTable):
         return super().map_pages(rows, starts, ends, pages)
 
 
-class Admission(FirstComeFirstServed):
+class Admission(Optimistic):
     def admit(self, waiting, ctx):
         CALLS["admission"] += 1
         return super().admit(waiting, ctx)

@@ -27,7 +27,7 @@ def server_env(**extra: str) -> dict[str, str]:
 class ServerProcess:
     """A server in a subprocess, its output in files (so a full pipe never blocks it)."""
 
-    def __init__(self, args: list[str], log_dir: Path, api_key: str | None = None):
+    def __init__(self, args: list[str], log_dir: Path, api_key: str | None = None, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -36,7 +36,7 @@ class ServerProcess:
         if api_key:
             cmd += ["--api-key", api_key]
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(), stdout=out, stderr=err)
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(**(env or {})), stdout=out, stderr=err)
 
     @property
     def headers(self) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Continuous batching: the scheduler and the policies it is made of, each swappable by name
 (``ADMISSION_POLICIES``, ``CHUNKING_POLICIES``, ``LOOPS``)."""
 
-from minisgl.scheduler.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy, FirstComeFirstServed
+from minisgl.scheduler.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy, Optimistic, ReserveAll
 from minisgl.scheduler.chunking import CHUNKING_POLICIES, ChunkingPolicy, GreedyChunking
 from minisgl.scheduler.events import BatchEvent, CacheStats, TokenEvent
 from minisgl.scheduler.loop import LOOPS, OverlapLoop, PlainLoop, SchedulerLoop
@@ -15,11 +15,12 @@ __all__ = [
     "CHUNKING_POLICIES",
     "CacheStats",
     "ChunkingPolicy",
-    "FirstComeFirstServed",
     "GreedyChunking",
     "LOOPS",
+    "Optimistic",
     "OverlapLoop",
     "PlainLoop",
+    "ReserveAll",
     "Scheduler",
     "SchedulerLoop",
     "TokenEvent",

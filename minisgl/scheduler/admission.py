@@ -1,16 +1,23 @@
 """Admission: which waiting requests start in the next prefill batch.
 
-An admitted request holds a row of the request table and a *reservation*: the KV pages it may
-still need until it finishes (prompt + ``max_tokens``, minus what it holds). Admission never
-promises more pages than the pool could ever give, counting pages the prefix cache could evict, so
-a running request never runs out of memory mid-way::
+An admitted request holds a row of the request table and a *reservation*: KV pages for the
+positions the admission policy expects it to fill (``reserved_len``: its prompt and some or all of
+its ``max_tokens``). Admission never promises more pages than the pool could give, counting pages
+the prefix cache could evict::
 
     available pages  =  free pages + evictable cached pages
     admit req  only if  pages_needed(req) <= available pages - reserved pages (of admitted requests)
+
+Reserving every request's whole ``max_tokens`` (``ReserveAll``) means no request ever runs out of
+memory, but a chat that leaves ``max_tokens`` out reserves the whole context, so a handful of them
+fill the pool while using a fraction of it. The engine's default (``Optimistic``) reserves a share of
+``max_tokens`` that adapts, and the scheduler *retracts* the newest running requests when decodes do
+run out (they wait again, keep their outputs, and recompute their KV later: the same tokens).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,11 +43,17 @@ class AdmissionContext:
     """What an admission policy sees and may do while it fills one prefill batch."""
 
     def __init__(
-        self, cache: CacheManager, table: ReqTable, chunking: ChunkingPolicy, running: list[Req], tokens_left: float
+        self,
+        cache: CacheManager,
+        table: ReqTable,
+        policy: AdmissionPolicy,
+        chunking: ChunkingPolicy,
+        running: list[Req],
+        tokens_left: float,
     ):
-        self._cache, self._table, self._chunking = cache, table, chunking
+        self._cache, self._table, self._policy, self._chunking = cache, table, policy, chunking
         self.tokens_left = tokens_left  # new tokens this batch may still compute (inf: no budget)
-        self.reserved_pages = sum(cache.pages_still_needed(r) for r in running)  # promised to admitted requests
+        self.reserved_pages = sum(self._reservation(r, r.alloc_len) for r in running)  # promised to admitted ones
         self.extends: list[Extend] = []  # this batch so far (a continued chunk first)
         self.cut: Req | None = None  # the request whose prompt this batch cuts (it continues next batch)
         self._matches: dict[Req, MatchResult] = {}
@@ -62,26 +75,34 @@ class AdmissionContext:
         """Free pages + pages the prefix cache could evict now (locking a match changes it)."""
         return self._cache.available_pages
 
+    def _reservation(self, req: Req, have: int) -> int:
+        """Pages to reserve for ``req`` holding slots for ``[0, have)``: up to the policy's
+        ``reserved_len``, never past what it can ever use."""
+        end = min(self._policy.reserved_len(req), req.max_device_len - 1)
+        return max(0, self._cache.pages_for(end) - have // self._cache.page_size)
+
     def pages_needed(self, req: Req) -> int:
-        """The reservation ``req`` would take if admitted now: pages for its whole prompt and
-        ``max_tokens``, minus the cached prefix it matched (see ``match``)."""
+        """The reservation ``req`` would take if admitted now: pages for its prompt (and, as the
+        policy sees fit, its outputs), minus the cached prefix it matched (see ``match``)."""
         m = self._matches.get(req)
-        return self._cache.pages_still_needed(req, m.length if m is not None else 0)
+        return self._reservation(req, m.length if m is not None else 0)
 
     def waits_for_batch_prefix(self, req: Req) -> bool:
         """True when a prompt of this batch shares a longer prefix with ``req`` than the cache does:
         one batch later that prefix is cached, and ``req`` computes only the rest."""
         if not self._cache.shares_prefixes or not self.extends:
             return False
-        matchable = req.input_ids[: req.prompt_len - 1]
-        shared = max(common_prefix_len(x.req.input_ids, matchable) for x in self.extends)
+        fill = req.fill_ids
+        matchable = fill[: len(fill) - 1]
+        shared = max(common_prefix_len(x.req.fill_ids, matchable) for x in self.extends)
         return self._cache.aligned(shared) > self._cache.match(matchable).length
 
     def match(self, req: Req) -> int:
         """Find and lock ``req``'s longest cached prefix (locked, it cannot be evicted; pages it
         protects stop counting as available). Returns its length in tokens. Undo with ``unmatch``."""
-        # all but the last prompt token: a full hit must still compute that token's logits
-        m = self._cache.match(req.input_ids[: req.prompt_len - 1])
+        # all but the last token: a full hit must still compute that token's logits
+        fill = req.fill_ids
+        m = self._cache.match(fill[: len(fill) - 1])
         self._cache.lock(m.handle)
         self._matches[req] = m
         return m.length
@@ -99,8 +120,8 @@ class AdmissionContext:
         row = self._table.alloc_row()
         req.admit(row, m.length, m.handle)
         self._table.set_slots(row, 0, m.indices)
-        self._table.set_tokens(row, req.input_ids)
-        self.reserved_pages += self._cache.pages_still_needed(req)
+        self._table.set_tokens(row, req.fill_ids)
+        self.reserved_pages += self._reservation(req, req.alloc_len)
         self.add_extend(req)
 
     def add_extend(self, req: Req) -> None:
@@ -108,12 +129,26 @@ class AdmissionContext:
         end = self._chunking.extend_end(req, self.tokens_left)
         self.extends.append(Extend(req, req.cached_len, end))
         self.tokens_left -= end - req.cached_len
-        if end < req.prompt_len:
+        if end < req.device_len:
             self.cut = req
 
 
 class AdmissionPolicy(ABC):
-    """Lab 05's seam, registered in ``ADMISSION_POLICIES``."""
+    """Lab 05's seam, registered in ``ADMISSION_POLICIES``. Its decisions must depend only on the
+    scheduler's state and its own (never on time): tensor-parallel ranks must all decide alike."""
+
+    def reserved_len(self, req: Req) -> int:
+        """The positions ``[0, reserved_len)`` of ``req`` to hold KV for: at least ``req.device_len``
+        (what it must prefill); ``max_device_len - 1`` (all it may ever need: the last sampled token
+        is never fed back) means it can never run out of memory."""
+        return req.max_device_len - 1
+
+    def on_batch(self) -> None:  # noqa: B027 (an optional hook)
+        """Called once per batch the scheduler runs."""
+
+    def on_retract(self, reqs: list[Req]) -> None:  # noqa: B027 (an optional hook)
+        """Decodes ran out of memory and the scheduler retracted ``reqs`` (back in the waiting
+        queue, first in line)."""
 
     @abstractmethod
     def admit(self, waiting: Sequence[Req], ctx: AdmissionContext) -> None:
@@ -126,9 +161,10 @@ class AdmissionPolicy(ABC):
         wait forever, nor be passed over forever."""
 
 
-class FirstComeFirstServed(AdmissionPolicy):
-    """In arrival order, stopping at the first request that does not fit (no request waits forever
-    behind later ones), or that should wait one batch for a prefix this batch computes."""
+class ReserveAll(AdmissionPolicy):
+    """Every request's whole ``max_tokens``, in arrival order, stopping at the first request that
+    does not fit (so none waits forever behind later ones), or that should wait one batch for a
+    prefix this batch computes. Memory never runs out; a big request blocks the small ones behind it."""
 
     def admit(self, waiting: Sequence[Req], ctx: AdmissionContext) -> None:
         for req in waiting:
@@ -141,4 +177,51 @@ class FirstComeFirstServed(AdmissionPolicy):
             ctx.admit(req)
 
 
-ADMISSION_POLICIES: Registry[type[AdmissionPolicy]] = Registry("admission policy", {"default": FirstComeFirstServed})
+class Optimistic(AdmissionPolicy):
+    """The engine's default. Reserves each request's prompt and ``ratio`` of what it may still
+    generate (at most ``CLIP`` tokens of it). ``ratio`` starts at ``INIT_RATIO``, falls by ``DECAY``
+    per batch to ``MIN_RATIO`` while memory holds, and rises by ``RETRACT_BUMP`` whenever decodes run
+    out and requests are retracted. A request that does not fit is passed over by the ones behind
+    it, until ``AGING`` later requests have been admitted ahead of it; from then on nobody passes it."""
+
+    INIT_RATIO, MIN_RATIO, DECAY, RETRACT_BUMP = 0.7, 0.1, 0.001, 0.1
+    CLIP = 4096
+    AGING = 8
+
+    def __init__(self):
+        self.ratio = self.INIT_RATIO
+        self._passed_over: dict[int, int] = {}  # uid -> later requests admitted while it waited
+
+    def reserved_len(self, req: Req) -> int:
+        remaining = req.max_device_len - req.device_len
+        return req.device_len - 1 + math.ceil(min(remaining, self.CLIP) * self.ratio)
+
+    def on_batch(self) -> None:  # noqa: B027 (an optional hook)
+        self.ratio = max(self.MIN_RATIO, self.ratio - self.DECAY)
+
+    def on_retract(self, reqs: list[Req]) -> None:  # noqa: B027 (an optional hook)
+        self.ratio = min(1.0, self.ratio + self.RETRACT_BUMP)
+
+    def admit(self, waiting: Sequence[Req], ctx: AdmissionContext) -> None:
+        live = {r.uid for r in waiting}
+        self._passed_over = {u: n for u, n in self._passed_over.items() if u in live}
+        skipped: list[Req] = []
+        for req in waiting:
+            if not ctx.has_room or any(self._passed_over.get(r.uid, 0) >= self.AGING for r in skipped):
+                break  # a request that waited long enough is not passed: the memory that frees up is its
+            if ctx.waits_for_batch_prefix(req):
+                continue
+            ctx.match(req)
+            if ctx.pages_needed(req) > ctx.available_pages() - ctx.reserved_pages:
+                ctx.unmatch(req)
+                skipped.append(req)
+                continue
+            ctx.admit(req)
+            self._passed_over.pop(req.uid, None)
+            for r in skipped:
+                self._passed_over[r.uid] = self._passed_over.get(r.uid, 0) + 1
+
+
+ADMISSION_POLICIES: Registry[type[AdmissionPolicy]] = Registry(
+    "admission policy", {"default": Optimistic, "reserve-all": ReserveAll}
+)

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from minisgl.core import Req
-from minisgl.kvcache import ALLOCATORS, MatchResult, create_prefix_cache
+from minisgl.kvcache import ALLOCATORS, MatchResult, ReqTable, create_prefix_cache
 
 
 class CacheManager:
-    def __init__(self, num_pages: int, page_size: int, cache_type: str, allocator: str = "default"):
-        self.num_pages, self.page_size = num_pages, page_size
+    def __init__(self, num_pages: int, page_size: int, cache_type: str, table: ReqTable, allocator: str = "default"):
+        self.num_pages, self.page_size, self.table = num_pages, page_size, table
         self.allocator = ALLOCATORS.get(allocator)(num_pages, page_size)
         self.cache = create_prefix_cache(cache_type, page_size)
 
@@ -32,12 +32,14 @@ class CacheManager:
     def aligned(self, n: int) -> int:
         return self.cache.aligned(n)
 
-    def pages_still_needed(self, req: Req, alloc_len: int | None = None) -> int:
-        """The reservation: pages a request may still allocate before it finishes, holding slots for
-        ``[0, alloc_len)`` (default ``req.alloc_len``). Positions ``[0, max_device_len - 1)`` need KV:
-        the last sampled token is never fed back."""
-        have = req.alloc_len if alloc_len is None else alloc_len
-        return -(-(req.max_device_len - 1) // self.page_size) - have // self.page_size
+    def pages_for(self, positions: int) -> int:
+        """Pages that hold positions ``[0, positions)``."""
+        return -(-positions // self.page_size)
+
+    def pages_still_needed(self, req: Req) -> int:
+        """Pages a request may still allocate before it finishes, at most: positions
+        ``[0, max_device_len - 1)`` need KV (the last sampled token is never fed back)."""
+        return self.pages_for(req.max_device_len - 1) - req.alloc_len // self.page_size
 
     def match(self, token_ids: list[int]) -> MatchResult:
         return self.cache.match_prefix(token_ids)
@@ -91,6 +93,23 @@ class CacheManager:
         self.free_slots(slots[locked_len:prefix])
         self.free_slots(slots[end:])
         self.cache.unlock(handle)
+
+    # ---- a running request's KV ------------------------------------------------------------
+    def share_prompt(self, req: Req) -> None:
+        """Insert a request's freshly prefilled prompt into the prefix cache (its KV is written:
+        this runs after the batch, and later batches are ordered after it on the device)."""
+        old, row = req.locked_len, req.table_idx
+        match = self.cache_prompt(req.input_ids, self.table.slots(row, 0, req.alloc_len), old, req.cache_handle)
+        req.relock(match.length, match.handle)
+        if match.length > old:  # point the duplicate range at the cache's copy (a no-op where it was ours)
+            self.table.set_slots(row, old, match.indices[old:])
+
+    def release_request(self, req: Req) -> None:
+        """An admitted request gives back its row and KV: the computed tokens' whole pages to the
+        prefix cache (finished or retracted, later requests may reuse them), the rest freed."""
+        tokens = req.all_token_ids()[: req.cached_len]
+        self.release(tokens, self.table.slots(req.table_idx, 0, req.alloc_len), req.locked_len, req.cache_handle)
+        self.table.free_row(req.table_idx)
 
     def check(self, admitted: Iterable[Req]) -> None:
         """Raise ``AssertionError`` unless every slot is free, cached or owned by exactly one of the

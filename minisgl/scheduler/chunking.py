@@ -24,8 +24,9 @@ class ChunkingPolicy(ABC):
     def extend_end(self, req: Req, tokens_left: float) -> int:
         """Where ``req``'s extend in this batch ends, given ``tokens_left > 0`` new tokens left in the
         batch (``inf``: no budget). It starts at ``req.cached_len``; the result is in
-        ``(req.cached_len, req.prompt_len]`` and at most ``req.cached_len + tokens_left``. A result
-        below ``prompt_len`` cuts the prompt: the request continues first in the next prefill batch."""
+        ``(req.cached_len, req.device_len]`` (``device_len``: the prompt, plus the outputs of a
+        retracted request) and at most ``req.cached_len + tokens_left``. A result below
+        ``device_len`` cuts the prompt: the request continues first in the next prefill batch."""
 
     def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
         """Whether the next batch decodes the running requests (``num_decodable`` of them) rather
@@ -38,7 +39,7 @@ class GreedyChunking(ChunkingPolicy):
     a long prompt delays the running requests' next token by one chunk at most."""
 
     def extend_end(self, req: Req, tokens_left: float) -> int:
-        return int(min(req.prompt_len, req.cached_len + tokens_left))
+        return int(min(req.device_len, req.cached_len + tokens_left))
 
 
 CHUNKING_POLICIES: Registry[type[ChunkingPolicy]] = Registry("chunking policy", {"default": GreedyChunking})

@@ -40,6 +40,7 @@ class BatchEvent:
     t_launched: float = 0.0
     t_done: float = 0.0
     finished: dict[int, str] = field(default_factory=dict)  # uid -> finish reason, for requests done here
+    retracted: list[int] = field(default_factory=list)  # uids sent back to wait to make room for this batch
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +55,7 @@ class CacheStats:
     prompt_tokens: int = 0  # prompt tokens of admitted requests
     hit_tokens: int = 0  # of which served from the prefix cache
     prefill_tokens: int = 0  # tokens computed by prefill batches
+    retracted: int = 0  # times a running request was sent back to wait because memory ran out
 
     @property
     def hit_rate(self) -> float:

@@ -45,9 +45,8 @@ class PrefillManager:
     def schedule(self, running: list[Req]) -> list[Extend]:
         """Extends of the next prefill batch (a newly admitted request's starts at its ``hit_len``).
         ``running``: the admitted requests, whose reservations stand."""
-        ctx = AdmissionContext(
-            self.cache, self.table, self.chunking, running, self.budget if self.budget is not None else float("inf")
-        )
+        budget = self.budget if self.budget is not None else float("inf")
+        ctx = AdmissionContext(self.cache, self.table, self.admission, self.chunking, running, budget)
         if self.chunked is not None:
             ctx.add_extend(self.chunked)
         if ctx.has_room and self.pending:

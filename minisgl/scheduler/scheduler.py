@@ -10,7 +10,10 @@ order across steps: ``loop.py``):
 
 Policy: prefill first (new requests start as soon as memory allows; who starts is the admission
 policy's call, ``admission.py``), except that after a chunk of a long prompt the running requests
-get one decode step before the next chunk (``chunking.py``).
+get one decode step before the next chunk (``chunking.py``). When a batch needs more KV pages than
+are free or evictable (the admission policy reserved less than requests grew to), the newest
+running requests are *retracted*: their KV goes to the prefix cache, and they wait again, first in
+line, keeping their outputs (a token of theirs still in flight is dropped and generated again).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -46,10 +50,10 @@ class Scheduler:
         e, parts = self.engine, config.components
         self.device, self.page_size = e.device, config.page_size
         self.table = e.table
-        self.cache = CacheManager(e.num_pages, config.page_size, config.cache_type, parts.allocator)
+        self.cache = CacheManager(e.num_pages, config.page_size, config.cache_type, self.table, parts.allocator)
         self.chunking = CHUNKING_POLICIES.get(parts.chunking)()
-        admission = ADMISSION_POLICIES.get(parts.admission)()
-        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_length, admission, self.chunking)
+        self.admission = ADMISSION_POLICIES.get(parts.admission)()
+        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_length, self.admission, self.chunking)
         self.decode = DecodeManager()
         self.loop = LOOPS.get(config.loop)(self)
         self.reqs: dict[int, Req] = {}
@@ -60,6 +64,7 @@ class Scheduler:
         self._sampled: tuple[torch.Tensor, torch.Tensor] | None = None
         self._seed_rng = random.Random(config.seed)
         self._events: deque[BatchEvent] = deque()  # prepared, not yet processed (observers only)
+        self._retracted: list[int] = []  # uids retracted while planning the next batch
         self._num_batches = 0
         self._t_schedule = 0.0
         self.wait_seconds = 0.0  # host time spent waiting for the device's tokens (0 = host-bound)
@@ -161,21 +166,53 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         if self.observers:
             self._t_schedule = time.perf_counter()
+        self._retracted = []
         decodable = self.decode.schedule()
         if self.prefill.has_work and not self.chunking.decode_first(self._after_chunk, len(decodable)):
-            running = list(self.decode.running) + ([self.prefill.chunked] if self.prefill.chunked else [])
+            chunked = self.prefill.chunked
+            if chunked is not None:  # its reserved pages may have gone to decodes that outgrew theirs
+                p = self.page_size
+                self._make_room(lambda: self.cache.pages_for(chunked.device_len) - chunked.alloc_len // p, [])
+            running = list(self.decode.running) + ([chunked] if chunked else [])
             extends = self.prefill.schedule(running)
             for x in extends:
-                if x.start == x.req.hit_len:  # first chunk of a newly admitted request
+                if x.start == x.req.hit_len and x.req.epoch == 0:  # first chunk of a newly admitted request
                     self.stats.prompt_tokens += x.req.prompt_len
                     self.stats.hit_tokens += x.req.hit_len
             if extends:
                 self._after_chunk = self.prefill.chunked is not None
                 return self._batch(extends, "prefill")
         self._after_chunk = False
+        # a request needs a new page when the position it feeds next has none
+        self._make_room(lambda: sum(r.alloc_len < r.device_len for r in decodable), decodable)
         if not decodable:
             return None
         return self._batch([Extend(r, r.device_len - 1, r.device_len) for r in decodable], "decode")
+
+    def _make_room(self, pages: Callable[[], int], batch: list[Req]) -> None:
+        """Retract running requests, newest first, until ``pages()`` fit in the free and evictable
+        pages; ``batch`` (the planned decode requests) loses those retracted from it. The oldest
+        request always stays: alone, any request fits the pool (``make_request`` checks it)."""
+        while pages() > self.cache.available_pages:
+            pool = batch if batch else list(self.decode.running)
+            if len(pool) > (1 if batch else 0):
+                victim = pool[-1]
+            elif self.prefill.chunked is not None and batch:
+                victim, self.prefill.chunked = self.prefill.chunked, None
+            else:
+                raise MemoryError(f"the KV pool cannot hold {pages()} more pages even for one request")
+            self._retract(victim)
+            if victim in batch:
+                batch.remove(victim)
+
+    def _retract(self, req: Req) -> None:
+        self.decode.remove(req)
+        self.cache.release_request(req)
+        req.retract()
+        self.prefill.pending.appendleft(req)
+        self.admission.on_retract([req])
+        self.stats.retracted += 1
+        self._retracted.append(req.uid)
 
     def _batch(self, extends: list[Extend], phase: str) -> Batch:
         batch = Batch([x.req for x in extends], phase)  # type: ignore[arg-type]
@@ -207,6 +244,8 @@ class Scheduler:
         batch.logit_idx = dev(torch.cumsum(lens, 0) - 1)
         batch.table_idx = dev(rows)
         info = SamplingInfo.from_batch(batch, self.engine.model_config.vocab_size, self.device)
+        batch.epochs = [r.epoch for r in batch.reqs]
+        self.admission.on_batch()
         batch.sample_mask = []
         for req, end in zip(batch.reqs, batch.ends):
             keep = req.extend_to(end)
@@ -251,15 +290,15 @@ class Scheduler:
 
     def process(self, batch: Batch, tokens: torch.Tensor) -> list[TokenEvent]:
         events = []
-        for req, keep, tok in zip(batch.reqs, batch.sample_mask, tokens.tolist()):
-            if not keep or req.finish_reason is not None:
+        for req, keep, epoch, tok in zip(batch.reqs, batch.sample_mask, batch.epochs, tokens.tolist()):
+            if not keep or req.finish_reason is not None or req.epoch != epoch:
                 continue
             reason = req.append_token(tok, self.eos_ids)
             events.append(TokenEvent(req.uid, tok, reason))
             if reason is not None:
                 self._finish(req, reason)
             elif len(req.output_ids) == 1 and self.cache.shares_prefixes:
-                self._share_prompt(req)
+                self.cache.share_prompt(req)
         if self.observers and self._events:
             ev = self._events.popleft()
             ev.t_done = time.perf_counter()
@@ -287,26 +326,14 @@ class Scheduler:
             num_waiting=self.num_waiting,
             num_running=self.num_running,
             t_scheduled=self._t_schedule,
+            retracted=self._retracted,
         )
-
-    def _share_prompt(self, req: Req) -> None:
-        """Insert a request's freshly prefilled prompt into the prefix cache (its KV is written:
-        this runs after the batch, and later batches are ordered after it on the device)."""
-        old = req.locked_len
-        slots = self.table.slots(req.table_idx, 0, req.alloc_len)
-        match = self.cache.cache_prompt(req.input_ids, slots, old, req.cache_handle)
-        req.relock(match.length, match.handle)
-        if match.length > old:  # point the duplicate range at the cache's copy (a no-op where it was ours)
-            self.table.set_slots(req.table_idx, old, match.indices[old:])
 
     def _finish(self, req: Req, reason: str) -> None:
         self.decode.remove(req)
         self.reqs.pop(req.uid, None)
         if req.is_admitted:
-            tokens = req.all_token_ids()[: req.cached_len]
-            slots = self.table.slots(req.table_idx, 0, req.alloc_len)
-            self.cache.release(tokens, slots, req.locked_len, req.cache_handle)
-            self.table.free_row(req.table_idx)
+            self.cache.release_request(req)
         req.finish(reason)  # type: ignore[arg-type]
 
     # ---- invariants ----------------------------------------------------------------------

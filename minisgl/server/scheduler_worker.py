@@ -32,6 +32,7 @@ from minisgl.message import (
 from minisgl.process import setup_child
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.replicated import ReplicatedScheduler, follow
+from minisgl.scheduler.warmup import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -174,5 +175,7 @@ def run_scheduler(config: EngineConfig, addrs: Addresses, log_level: str) -> Non
         sys.exit(1)
     if config.tp_rank > 0:
         follow(sched)
-    else:
-        SchedulerWorker(sched, addrs).run()
+        return
+    if sched.device.type == "cuda":  # before the server says it is ready
+        logger.info("warmed up in %.1f s", warm_up(sched))
+    SchedulerWorker(sched, addrs).run()

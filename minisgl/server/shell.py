@@ -143,6 +143,10 @@ def run_shell(args: ServerArgs) -> int:
     if llm.tokenizer is None or not getattr(llm.tokenizer, "chat_template", None):
         print("minisgl shell: this model has no chat template; the shell needs one", file=sys.stderr)
         return 1
+    if llm.scheduler.device.type == "cuda":  # compile the lazily built kernels before the first question
+        from minisgl.scheduler.warmup import warm_up
+
+        warm_up(llm.scheduler)
     name = args.engine.get("model") or "SmolLM2-135M-Instruct (embedded)"
     print(f"minisgl shell: {name}. {HELP}.", flush=True)
     chat = ChatSession(llm, settings.sampling())

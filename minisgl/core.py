@@ -38,7 +38,8 @@ class RequestError(ValueError):
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy; ``top_k <= 0`` and ``top_p == 1``
     disable those filters. ``seed`` makes a sampled request repeatable whatever it is batched with.
-    ``max_tokens=None``: up to the end of the context (or of the KV pool, whichever is smaller)."""
+    ``max_tokens=None`` (left out): up to the end of the context (or of the KV pool, whichever is
+    smaller); a prompt plus a given ``max_tokens`` beyond the context is refused, as OpenAI does."""
 
     temperature: float = 0.0
     top_k: int = -1

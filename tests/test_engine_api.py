@@ -48,19 +48,22 @@ def test_stop_token_and_eos_finish_with_stop(llm):
 
 
 def test_output_stops_at_the_context(tiny_llama):
-    """A prompt + max_tokens past the context stops at the context; max_tokens alone past it, or a
-    prompt that fills it, is refused (the same rule and text as the server's)."""
+    """A prompt + max_tokens past the context is refused (as OpenAI does), and so is a prompt that
+    fills it; max_tokens=None (left out) runs to the end of the context. The same rule and text as
+    the server's."""
     llm = LLM(str(tiny_llama), dtype="float32", max_seq_len=20)
-    (out,) = llm.generate([[1] * 15], SamplingParams(max_tokens=10, ignore_eos=True), use_tqdm=False)
-    assert len(out.token_ids) == 5 and out.finish_reason == "length"
-    with pytest.raises(RequestError, match="max_tokens is 21 but the model's context is 20 tokens") as e:
-        llm.generate([[1] * 15], SamplingParams(max_tokens=21), use_tqdm=False)
-    assert e.value.param == "max_tokens"
+    with pytest.raises(RequestError, match="the prompt has 15 tokens and max_tokens is 6, 21 in all") as e:
+        llm.generate([[1] * 15], SamplingParams(max_tokens=6), use_tqdm=False)
+    assert e.value.param == "max_tokens" and e.value.code == "context_length_exceeded"
+    assert "context is 20 tokens" in str(e.value)
+    assert not llm.scheduler.reqs, "a refused request must queue nothing"
+    (out,) = llm.generate([[1] * 15], SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert len(out.token_ids) == 5 and out.finish_reason == "length", "prompt + max_tokens == context fits"
     with pytest.raises(RequestError, match="context is 20 tokens") as e:
         llm.generate([[1] * 20], SamplingParams(max_tokens=1), use_tqdm=False)
-    assert e.value.code == "context_length_exceeded"
+    assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
     (out,) = llm.generate([[1] * 15], SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False)
-    assert len(out.token_ids) == 5, "max_tokens=None: the rest of the context"
+    assert len(out.token_ids) == 5 and out.finish_reason == "length", "max_tokens=None: the rest of the context"
 
 
 BAD = [

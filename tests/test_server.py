@@ -17,6 +17,7 @@ from minisgl import LLM, SamplingParams
 API_KEY = "sk-test-key"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_TOKENS = 24
+MODEL = "SmolLM2-135M-Instruct"  # the embedded model, as /v1/models names it
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +54,14 @@ def offline_answer(llm):
 def test_models_and_health(server, client):
     assert httpx.get(f"{server.url}/health").status_code == 200  # no API key needed
     models = client.models.list()
-    assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct"]
-    assert client.models.retrieve("SmolLM2-135M-Instruct").id == "SmolLM2-135M-Instruct"
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
 
 
 def test_chat_greedy_equals_offline(client, offline_answer):
-    r = client.chat.completions.create(model="any", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0)
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0)
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
-    assert r.model == "SmolLM2-135M-Instruct"
+    assert r.model == MODEL
     (choice,) = r.choices
     assert choice.index == 0 and choice.message.role == "assistant"
     assert choice.message.content == offline_answer.text
@@ -72,7 +73,7 @@ def test_chat_greedy_equals_offline(client, offline_answer):
 
 def test_chat_stream_equals_non_stream(client, offline_answer):
     stream = client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=QUESTION,
         max_completion_tokens=MAX_TOKENS,
         temperature=0,
@@ -93,7 +94,7 @@ def test_text_parts_and_system_message(client, llm):
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": [{"type": "text", "text": "Name a color."}]},
     ]
-    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0)
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0)
     (ref,) = llm.chat(
         [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}],
         SamplingParams(max_tokens=8),
@@ -108,10 +109,10 @@ def test_async_completions_text_and_token_prompts(server, llm):
 
     async def main():
         client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
-        batch = await client.completions.create(model="m", prompt=prompts, max_tokens=10, temperature=0)
-        by_ids = await client.completions.create(model="m", prompt=ids, max_tokens=10, temperature=0)
+        batch = await client.completions.create(model=MODEL, prompt=prompts, max_tokens=10, temperature=0)
+        by_ids = await client.completions.create(model=MODEL, prompt=ids, max_tokens=10, temperature=0)
         stream = await client.completions.create(
-            model="m", prompt=prompts[1], max_tokens=10, temperature=0, stream=True
+            model=MODEL, prompt=prompts[1], max_tokens=10, temperature=0, stream=True
         )
         streamed = [c async for c in stream]
         await client.close()
@@ -147,10 +148,10 @@ def test_stop_strings_cut_the_text(client, offline_answer):
     assert len(text) > 10, text
     stop = text[6:9]  # somewhere in the middle of the greedy answer
     expect = text[: text.index(stop)]
-    r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0, stop=stop)
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0, stop=stop)
     assert r.choices[0].message.content == expect and r.choices[0].finish_reason == "stop"
     stream = client.chat.completions.create(
-        model="m", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0, stop=["zzzz", stop], stream=True
+        model=MODEL, messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0, stop=["zzzz", stop], stream=True
     )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expect
@@ -158,7 +159,7 @@ def test_stop_strings_cut_the_text(client, offline_answer):
 
 
 def test_seeded_sampling_repeats_and_default_temperature_is_one(client):
-    ask = lambda **kw: client.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, **kw)
+    ask = lambda **kw: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, **kw)
     a = ask(seed=11)  # temperature omitted: OpenAI's default, 1.0
     b = ask(seed=11, temperature=1.0)
     assert a.choices[0].message.content == b.choices[0].message.content
@@ -260,11 +261,11 @@ def test_bad_requests_get_openai_errors(server, client):
     assert r.json()["error"]["param"] == "top_p"
     # the openai client maps them to its exceptions
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="m", messages=[], max_tokens=4)
+        client.chat.completions.create(model=MODEL, messages=[], max_tokens=4)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="bad", max_retries=0).models.list()
     # ... and the server still works, with nothing left behind
-    r = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=4, temperature=0)
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0)
     assert r.choices[0].message.content
     s = wait_idle(server)
     assert s["rejected_requests"] >= 3

@@ -39,7 +39,7 @@ def check_parity(server: ServerProcess, model) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
     for prompt, ref in zip(prompts, refs):
         r = client.completions.create(
-            model="m", prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+            model=model.name, prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
         )
         assert r.choices[0].text == ref.text, f"prompt {prompt!r}"
         assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
@@ -61,14 +61,14 @@ def test_greedy_equals_offline_qwen3(tiny_qwen3, tmp_path_factory):
         s.stop()
 
 
-def test_64_concurrent_streams(server):
+def test_64_concurrent_streams(server, tiny_llama):
     rng = random.Random(0)
     n, max_tokens = 64, 16
 
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, str | None, int]:
         if i % 2:
             stream = await client.chat.completions.create(
-                model="m",
+                model=tiny_llama.name,  # the folder's base name names the served model
                 messages=[{"role": "user", "content": f"request {i}: " + "word " * rng.randint(1, 30)}],
                 max_tokens=max_tokens,
                 stream=True,
@@ -77,7 +77,7 @@ def test_64_concurrent_streams(server):
             )
         else:
             stream = await client.completions.create(
-                model="m",
+                model=tiny_llama.name,  # the folder's base name names the served model
                 prompt=[rng.randrange(100, 5000) for _ in range(rng.randint(4, 64))],
                 max_tokens=max_tokens,
                 stream=True,

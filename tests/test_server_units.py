@@ -18,6 +18,8 @@ from minisgl.server.errors import format_validation_errors
 from minisgl.server.generation import Seq
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest
 
+USER = [{"role": "user", "content": "x"}]
+
 
 def test_messages_round_trip():
     msgs = [
@@ -77,19 +79,13 @@ def test_request_validation_and_defaults():
     sp = r.sampling(5)
     assert sp.temperature == 1.0 and sp.top_p == 1.0 and sp.top_k == -1  # OpenAI's defaults
     assert r.stop == [] and r.requested_max_tokens is None
-    assert (
-        ChatCompletionRequest(messages=[{"role": "user"}], max_tokens=3, max_completion_tokens=7).requested_max_tokens
-        == 7
-    )
+    assert ChatCompletionRequest(messages=USER, max_tokens=3, max_completion_tokens=7).requested_max_tokens == 7
     assert CompletionRequest(prompt=[[1, 2], [3]]).prompts() == [[1, 2], [3]]
     assert CompletionRequest(prompt=[1, 2]).prompts() == [[1, 2]]
     assert CompletionRequest(prompt=["a", "b"], stop="x").stop == ["x"]
     assert CompletionRequest(prompt="a", logprobs=0).unsupported_field() is None
     assert CompletionRequest(prompt="a", logprobs=2).unsupported_field() == "logprobs"
-    assert (
-        ChatCompletionRequest(messages=[{"role": "user"}], presence_penalty=0.5).unsupported_field()
-        == "presence_penalty"
-    )
+    assert ChatCompletionRequest(messages=USER, presence_penalty=0.5).unsupported_field() == "presence_penalty"
     with pytest.raises(ValidationError) as e:
         ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], top_p=2, max_tokens="3")
     msg, param = format_validation_errors(e.value.errors())

@@ -103,11 +103,15 @@ class Scheduler:
                 code="context_length_exceeded",
             )
         max_tokens = sampling.max_tokens
-        if max_tokens is None:  # up to the end of the context, but never more than the pool could ever hold
+        if max_tokens is None:  # left out: the rest of the context (or of the whole pool, if smaller)
             max_tokens = max(1, min(max_len, self.engine.num_pages * self.page_size) - n)
-        elif max_tokens > max_len:
-            raise RequestError(f"max_tokens is {max_tokens} but the model's context is {max_len} tokens", "max_tokens")
-        max_tokens = min(max_tokens, max_len - n)  # outputs stop at the context ("length")
+        elif n + max_tokens > max_len:  # asked for: refused, not cut short (as OpenAI does)
+            raise RequestError(
+                f"the prompt has {n} tokens and max_tokens is {max_tokens}, {n + max_tokens} in all, but this "
+                f"model's context is {max_len} tokens (prompt + output); lower max_tokens or shorten the prompt",
+                "max_tokens",
+                code="context_length_exceeded",
+            )
         seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
         req = Req(uid, list(input_ids), replace(sampling, max_tokens=max_tokens), seed)
         need = self.cache.pages_still_needed(req)

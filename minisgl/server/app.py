@@ -16,11 +16,15 @@ from minisgl.server import native_routes, openai_routes
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.frontend import Frontend
 from minisgl.server.middleware import Guard
+from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
 
 
-def create_app(addrs: Addresses, api_key: str | None = None) -> FastAPI:
+def create_app(
+    addrs: Addresses, api_key: str | None = None, max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST
+) -> FastAPI:
     """The app, with its ``Frontend`` in ``app.state.frontend``; the launcher may put the worker
-    pids in ``app.state.processes`` (``GET /stats`` shows them)."""
+    pids in ``app.state.processes`` (``GET /stats`` shows them). A request may ask for at most
+    ``max_sequences_per_request`` sequences (prompts x n)."""
     fe = Frontend(addrs)
 
     @asynccontextmanager
@@ -34,6 +38,7 @@ def create_app(addrs: Addresses, api_key: str | None = None) -> FastAPI:
 
     app = FastAPI(title="minisgl", lifespan=lifespan)
     app.state.frontend = fe
+    app.state.max_sequences_per_request = max_sequences_per_request
     app.add_middleware(Guard, api_key=api_key)
     install_error_handlers(app)
     app.include_router(native_routes.router)

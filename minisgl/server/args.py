@@ -10,6 +10,7 @@ from typing import Any
 
 from minisgl.engine.config import EngineConfig, add_engine_args, engine_kwargs
 from minisgl.env import help_table
+from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
 
 EXAMPLES = """\
 examples:
@@ -27,6 +28,7 @@ class ServerArgs:
     api_key: str | None = None
     shell: bool = False
     log_level: str = "info"
+    max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST
 
     @property
     def url(self) -> str:
@@ -44,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=1919, help="HTTP port (default 1919; 0 = any free port)")
     ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer API_KEY` on every request")
+    ap.add_argument(
+        "--max-sequences-per-request",
+        type=int,
+        default=MAX_SEQUENCES_PER_REQUEST,
+        help="most sequences (prompts x n) one request may ask for; more get a 400 (default %(default)s)",
+    )
     ap.add_argument("--shell", "--shell-mode", action="store_true", help="chat in the terminal instead of serving HTTP")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="(default info)")
     add_engine_args(ap.add_argument_group("engine"))
@@ -60,4 +68,6 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         ap.error(str(e))
     if not 0 <= ns.port < 65536:
         ap.error(f"--port must be in 0..65535 (0 = any free port), got {ns.port}")
-    return ServerArgs(engine, ns.host, ns.port, ns.api_key, ns.shell, ns.log_level)
+    if ns.max_sequences_per_request < 1:
+        ap.error(f"--max-sequences-per-request must be at least 1, got {ns.max_sequences_per_request}")
+    return ServerArgs(engine, ns.host, ns.port, ns.api_key, ns.shell, ns.log_level, ns.max_sequences_per_request)

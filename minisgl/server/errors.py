@@ -3,6 +3,10 @@
 Every failure a client can see goes through here, including FastAPI's own (a body that fails
 validation becomes one readable 400 sentence, an unknown route a 404 that names it) and
 unexpected exceptions (a 500 that names the exception rather than a bare "Internal Server Error").
+
+An error response never costs the client its keep-alive connection: Starlette's handler for
+``Exception`` re-raises after answering, and uvicorn then closes the connection (the client's next
+request on it may meet a reset), so unexpected exceptions are answered by ``InternalErrors`` instead.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("minisgl.server")
 
@@ -31,6 +36,8 @@ class ClientDisconnected(Exception):
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     """OpenAI's error object."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
+    # a message that quotes the input could hold a lone surrogate, which the UTF-8 body cannot carry
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -84,7 +91,31 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _gone(request: Request, e: ClientDisconnected):
         return Response(status_code=499)  # nobody reads it; the request was aborted
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception):
-        logger.exception("internal error on %s", request.url.path)
-        return error_response(500, f"internal error: {type(e).__name__}: {e}")
+    app.add_middleware(InternalErrors)  # added last: outside every other middleware
+
+
+class InternalErrors:
+    """An exception nothing else handled becomes a 500 in OpenAI's shape, and is *not* re-raised, so
+    the server keeps the connection open. One raised after the response began (mid-stream) cannot
+    be answered any more: it propagates, and the server ends that connection."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as e:
+            if started:
+                raise
+            logger.exception("internal error on %s", scope.get("path"))
+            await error_response(500, f"internal error: {type(e).__name__}: {e}")(scope, receive, send)

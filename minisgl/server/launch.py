@@ -153,7 +153,7 @@ async def _serve(args: ServerArgs, addrs: Addresses, sock: socket.socket, procs:
 
     from minisgl.server.app import create_app
 
-    app = create_app(addrs, args.api_key)
+    app = create_app(addrs, args.api_key, args.max_sequences_per_request)
     app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats
     fe = app.state.frontend
     config = uvicorn.Config(

@@ -23,6 +23,15 @@ def model_name(fe: Frontend) -> str:
     return str(fe.info.get("model", "minisgl"))
 
 
+def check_model(fe: Frontend, name: str) -> None:
+    """404 unless ``name`` is the served model: its name as ``/v1/models`` lists it (the ``--model``
+    folder or hub id, or the embedded model's name), or that name's last path component, so that a
+    client may say ``Qwen3-0.6B`` for ``/models/Qwen3-0.6B`` or ``Qwen/Qwen3-0.6B``."""
+    served = model_name(fe)
+    if name not in {served, served.rstrip("/").rpartition("/")[2]} - {""}:
+        raise ApiError(404, f"model {name!r} not found; this server serves {served!r}", "model", "model_not_found")
+
+
 def model_card(info: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": str(info.get("model", "minisgl")),
@@ -33,13 +42,26 @@ def model_card(info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def check_supported(fe: Frontend, req: ChatCompletionRequest | CompletionRequest) -> None:
-    """Ready, and no field asks for what this server does not do. Everything about the prompt and
-    the sampling (context length, ``max_tokens``) is checked once, by the scheduler."""
+def check_supported(request: Request, req: ChatCompletionRequest | CompletionRequest, num_prompts: int) -> Frontend:
+    """Ready, the served model (or none named), no more sequences than the server allows, and no
+    field asks for what this server does not do; returns the frontend. Everything about the prompt
+    and the sampling (context length, ``max_tokens``) is checked once, by the scheduler."""
+    fe = frontend_of(request)
     fe.check_ready()
+    if req.model is not None:
+        check_model(fe, req.model)
+    limit = request.app.state.max_sequences_per_request
+    if num_prompts * req.n > limit:
+        raise ApiError(
+            400,
+            f"this request asks for {num_prompts * req.n} sequences ({num_prompts} prompts x n={req.n}) but the "
+            f"server allows at most {limit} per request (--max-sequences-per-request); split it into smaller requests",
+            "n" if req.n > 1 else "prompt",
+        )
     bad = req.unsupported_field()
     if bad is not None:
         raise ApiError(400, f"{bad} is not supported by this server", param=bad)
+    return fe
 
 
 def choice_sampling(sp: SamplingParams, j: int) -> SamplingParams:
@@ -67,15 +89,13 @@ async def models(request: Request):
 async def model(model_id: str, request: Request):
     fe = frontend_of(request)
     fe.check_ready()
-    if model_id != model_name(fe):
-        raise ApiError(404, f"model {model_id!r} not found; this server serves {model_name(fe)!r}", "model")
+    check_model(fe, model_id)
     return model_card(fe.info)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request):
-    fe = frontend_of(request)
-    check_supported(fe, req)
+    fe = check_supported(request, req, 1)
     sp = req.sampling(req.requested_max_tokens)  # None: the rest of the context, as OpenAI does
     messages = [m.as_template_input() for m in req.messages]
     msgs = [TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), messages=messages) for j in range(req.n)]
@@ -113,11 +133,11 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
 
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request):
-    fe = frontend_of(request)
-    check_supported(fe, req)
+    prompts = req.prompts()
+    fe = check_supported(request, req, len(prompts))
     sp = req.sampling(req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS)
     msgs = []
-    for p in req.prompts():
+    for p in prompts:
         for j in range(req.n):
             text, ids = (p, None) if isinstance(p, str) else (None, p)
             msgs.append(TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), text=text, input_ids=ids))

@@ -2,7 +2,11 @@
 translation into ``SamplingParams``.
 
 Fields are strictly typed (``"5"`` is not an integer, ``"yes"`` is not a boolean) and range-checked
-here, so a bad request is refused with a 400 that names the field before anything is queued.
+here, so a bad request is refused with a 400 that names the field before anything is queued. Every
+value must also survive the trip to the workers: integers are bounded (``Int32``; seeds 63 bits:
+msgpack cannot encode a Python int of 2^64 or more) and strings are valid Unicode (``Text``: JSON
+allows a lone surrogate such as ``"\\ud800"``, which UTF-8 cannot encode). What depends on the
+model (token ids in ``[0, vocab)``, the context length) is the scheduler's check (``make_request``).
 Unknown fields are ignored, as clients written for other servers send extras; fields we know but
 do not implement (logprobs, penalties, tools, ...) are refused rather than silently ignored.
 """
@@ -11,12 +15,41 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from minisgl.core import SamplingParams
 
+
+def _valid_unicode(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text is not valid Unicode (it holds a lone UTF-16 surrogate such as \\ud800)") from None
+    return s
+
+
 StrictFloat = Annotated[float, Strict()]  # accepts ints too, but not strings or booleans
+# token ids, token counts and top_k: no vocabulary or context comes near 2^31 (the token pool is
+# int32). NOTE: a field's own Field(ge=...) does not narrow these bounds (the type's win), hence two.
+Int32 = Annotated[int, Strict(), Field(ge=-(2**31), le=2**31 - 1)]
+PositiveInt32 = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+Text = Annotated[str, Strict(), AfterValidator(_valid_unicode)]
 MAX_N = 16  # choices per request
+# Sequences (prompts x n) one request may queue (--max-sequences-per-request): a quarter of the
+# default --max-running-requests (256), so one request cannot take the whole running batch from the
+# other clients, while n at its maximum (16) still works for 4 prompts. Larger batches of prompts go
+# as several requests.
+MAX_SEQUENCES_PER_REQUEST = 64
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
@@ -57,19 +90,19 @@ class _Request(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(None, ge=1)
+    model: Text | None = None
+    max_tokens: PositiveInt32 | None = None
     temperature: StrictFloat | None = Field(None, ge=0, le=2)
     top_p: StrictFloat | None = Field(None, gt=0, le=1)
-    top_k: StrictInt | None = None  # extension (<= 0: off)
-    stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)  # a list once validated
-    stop_token_ids: list[StrictInt] | None = None  # extension
-    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)
+    top_k: Int32 | None = None  # extension (<= 0: off)
+    stop: Text | list[Text] | None = Field(None, validate_default=True)  # a list once validated
+    stop_token_ids: list[Int32] | None = None  # extension
+    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)  # 63-bit seeds
     n: StrictInt = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False  # extension
-    user: StrictStr | None = None
+    user: Text | None = None
 
     @field_validator("stop")
     @classmethod
@@ -102,13 +135,21 @@ class _Request(BaseModel):
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart] | None = None
-    name: StrictStr | None = None
+    content: Text | list[TextPart] | None = None  # required but for an assistant's turn
+    name: Text | None = None
+
+    @model_validator(mode="after")
+    def _check_content(self) -> ChatMessage:
+        # OpenAI lets an assistant turn carry tool calls instead of text; we keep such a turn in the
+        # history as empty text. Any other role without content is a client bug: refuse it.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content (only an assistant message may have none)")
+        return self
 
     def as_template_input(self) -> dict[str, str]:
         content = self.content
@@ -120,14 +161,14 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: PositiveInt32 | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-Prompt = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+Prompt = Text | list[Text] | list[Int32] | list[list[Int32]]
 
 
 class CompletionRequest(_Request):
@@ -155,14 +196,14 @@ class NativeSampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temperature: StrictFloat = Field(0.0, ge=0)
-    top_k: StrictInt = -1
+    temperature: StrictFloat = Field(0.0, ge=0, le=2)  # OpenAI's range, as on the other routes
+    top_k: Int32 = -1
     top_p: StrictFloat = Field(1.0, gt=0, le=1)
-    max_new_tokens: StrictInt = Field(SamplingParams.max_tokens, ge=1)
-    stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)  # a list once validated
-    stop_token_ids: list[StrictInt] | None = None
+    max_new_tokens: PositiveInt32 = SamplingParams.max_tokens
+    stop: Text | list[Text] | None = Field(None, validate_default=True)  # a list once validated
+    stop_token_ids: list[Int32] | None = None
     ignore_eos: StrictBool = False
-    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)
+    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)  # 63-bit seeds
 
     @field_validator("stop")
     @classmethod
@@ -186,7 +227,7 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: StrictStr | None = None
-    input_ids: list[StrictInt] | None = None
+    text: Text | None = None
+    input_ids: list[Int32] | None = None
     sampling_params: NativeSampling = Field(default_factory=NativeSampling)
     stream: StrictBool = False

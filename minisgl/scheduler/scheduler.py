@@ -23,7 +23,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 
@@ -39,6 +38,7 @@ from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.events import BatchEvent, BatchObserver, CacheStats, TokenEvent
 from minisgl.scheduler.loop import LOOPS
 from minisgl.scheduler.prefill import PrefillManager
+from minisgl.scheduler.requests import make_request
 
 logger = logging.getLogger(__name__)
 
@@ -83,46 +83,11 @@ class Scheduler:
         return req
 
     def make_request(self, uid: int, input_ids: list[int], sampling: SamplingParams) -> Req:
-        """Check a request and build it, resolving its defaults: the one place where a request is
-        validated. Raises ``RequestError`` saying what to change."""
-        sampling.validate()
+        """Check a request and build it, resolving its defaults (``requests.py``: the one place where
+        a request is validated). Raises ``RequestError`` saying what to change."""
         if uid in self.reqs:
             raise RequestError(f"request id {uid} is already in use")
-        n, vocab = len(input_ids), self.engine.model_config.vocab_size
-        if n == 0:
-            raise RequestError("the prompt is empty: give at least one token", "prompt")
-        bad = next((t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad!r}", "prompt")
-        max_len = self.engine.max_seq_len
-        if n >= max_len:
-            raise RequestError(
-                f"the prompt has {n} tokens but this model's context is {max_len} tokens (prompt + output); "
-                "shorten the prompt",
-                "prompt",
-                code="context_length_exceeded",
-            )
-        max_tokens = sampling.max_tokens
-        if max_tokens is None:  # left out: the rest of the context (or of the whole pool, if smaller)
-            max_tokens = max(1, min(max_len, self.engine.num_pages * self.page_size) - n)
-        elif n + max_tokens > max_len:  # asked for: refused, not cut short (as OpenAI does)
-            raise RequestError(
-                f"the prompt has {n} tokens and max_tokens is {max_tokens}, {n + max_tokens} in all, but this "
-                f"model's context is {max_len} tokens (prompt + output); lower max_tokens or shorten the prompt",
-                "max_tokens",
-                code="context_length_exceeded",
-            )
-        seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
-        req = Req(uid, list(input_ids), replace(sampling, max_tokens=max_tokens), seed)
-        need = self.cache.pages_still_needed(req)
-        if need > self.engine.num_pages:
-            raise RequestError(
-                f"the request needs {need * self.page_size} KV slots (prompt {n} + max_tokens) but the "
-                f"whole KV pool holds {self.engine.num_pages * self.page_size}; lower max_tokens, "
-                "shorten the prompt or give the pool more memory (--num-pages / --memory-ratio)",
-                "max_tokens",
-            )
-        return req
+        return make_request(uid, input_ids, sampling, self.engine, self.cache, lambda: self._seed_rng.getrandbits(63))
 
     def abort(self, uid: int) -> bool:
         """Stop a request now and free its memory; False if it is unknown or already done."""

@@ -19,12 +19,25 @@ from minisgl.env import ENV
 # each hit; 64 tokens is little next to a chat's history, and a 256-token page would never share a
 # shorter system prompt.
 FLASHINFER_PAGE_SIZE = 64
+# Prompt tokens per prefill batch. A batch's time is a pause for every running stream (decodes run
+# between two chunks of a long prompt), and a CPU computes a chunk thousands of times slower: on the
+# 2-core CI machine, with the embedded model, an 8,000-token prompt stalled running streams for 32.6 s
+# unchunked; measured worst gaps by chunk size are in the README ("Chunked prefill, CPU").
+GPU_PREFILL_LENGTH, CPU_PREFILL_LENGTH = 8192, 256
 
 
-def option(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None, cli: bool = True):
+def option(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None, cli: bool = True, parse=None):
     """A config field with its help text and command-line flags (the first is the main spelling;
-    the others are aliases, e.g. mini-sglang's). ``cli=False``: not a flag (API only)."""
-    return field(default=default, metadata=dict(help=help, flags=flags, choices=choices, cli=cli))
+    the others are aliases, e.g. mini-sglang's). ``cli=False``: not a flag (API only); ``parse``:
+    how the flag's text becomes the value (default: by the field's type)."""
+    return field(default=default, metadata=dict(help=help, flags=flags, choices=choices, cli=cli, parse=parse))
+
+
+def _length_or_auto(text: str) -> int | str | None:
+    word = text.strip().lower()
+    if word == "auto":
+        return "auto"
+    return None if word in ("none", "0") else int(word)
 
 
 @dataclass
@@ -50,7 +63,8 @@ class Components:
 class EngineConfig:
     model: str | None = option(
         None,
-        "Hugging Face model folder (or a hub id already in the local cache); omitted = the embedded "
+        "Hugging Face model folder, or a hub id (org/name: from the local cache, else downloaded unless "
+        "HF_HUB_OFFLINE=1); omitted = the embedded "
         "SmolLM2-135M-Instruct; with --dummy-weight also an architecture name such as Qwen3-0.6B",
         "--model",
         "--model-path",
@@ -70,11 +84,14 @@ class EngineConfig:
     num_pages: int | None = option(None, "KV pool size in pages (default: from memory)")
     memory_ratio: float = option(0.9, "GPU: fraction of the memory left after loading the weights given to the KV pool")
     max_running_requests: int = option(256, "requests decoded together at most")
-    max_prefill_length: int | None = option(
-        8192,
-        "prompt tokens per prefill batch; longer prompts are prefilled in chunks",
+    max_prefill_length: int | str | None = option(
+        "auto",
+        f"prompt tokens per prefill batch; longer prompts are prefilled in chunks, with running requests "
+        f"decoding between them (default auto: {GPU_PREFILL_LENGTH} on GPUs, {CPU_PREFILL_LENGTH} on CPUs; "
+        "none: no limit)",
         "--max-prefill-length",
         "--max-extend-length",
+        parse=_length_or_auto,
     )
     cache_type: str = option("radix", "prefix cache", "--cache-type", "--cache", choices=("radix", "naive"))
     attention_backend: str = option(
@@ -109,7 +126,12 @@ class EngineConfig:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
-        if self.max_prefill_length is not None and self.max_prefill_length < 1:
+        if self.max_prefill_length == "auto":
+            cuda = self.torch_device.type == "cuda"
+            self.max_prefill_length = GPU_PREFILL_LENGTH if cuda else CPU_PREFILL_LENGTH
+        if self.max_prefill_length is not None and (
+            not isinstance(self.max_prefill_length, int) or self.max_prefill_length < 1
+        ):
             raise ValueError(f"max_prefill_length must be >= 1 (or None), got {self.max_prefill_length}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
@@ -203,7 +225,7 @@ def add_engine_args(parser: argparse.ArgumentParser, names: list[str] | None = N
         if f.type in ("bool", bool):
             kw["action"] = "store_true"
         else:
-            kw["type"] = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
+            kw["type"] = meta["parse"] or {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
             if meta["choices"]:
                 kw["choices"] = meta["choices"]
         parser.add_argument(*flags, **kw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -27,7 +28,14 @@ def server_env(**extra: str) -> dict[str, str]:
 class ServerProcess:
     """A server in a subprocess, its output in files (so a full pipe never blocks it)."""
 
-    def __init__(self, args: list[str], log_dir: Path, api_key: str | None = None, env: dict | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        log_dir: Path,
+        api_key: str | None = None,
+        env: dict | None = None,
+        fd_limit: int | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -36,7 +44,10 @@ class ServerProcess:
         if api_key:
             cmd += ["--api-key", api_key]
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(**(env or {})), stdout=out, stderr=err)
+            # fd_limit: the server's open-file limit, soft and hard (so the server cannot raise it)
+            limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))) if fd_limit else None
+            env = server_env(**(env or {}))
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, preexec_fn=limit)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -79,6 +90,11 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(5)
             raise
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "minisgl", *args]
+    return subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def wait_until(cond, timeout: float, interval: float = 0.1) -> bool:

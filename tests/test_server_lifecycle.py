@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import psutil
-from server_utils import REPO, ServerProcess, alive_pids, free_port, server_env, wait_until
+from server_utils import ServerProcess, alive_pids, free_port, run_cli, wait_until
 
 
 def family(server: ServerProcess) -> list[int]:
@@ -89,11 +87,6 @@ def test_children_exit_when_the_launcher_is_killed(tiny_llama, tmp_path):
         s.stop()
 
 
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "minisgl", *args]
-    return subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=timeout)
-
-
 def test_bad_start_arguments_fail_fast(tiny_llama):
     r = run_cli("--model", "/no/such/model", "--port", str(free_port()))
     assert r.returncode == 2 and "not found" in r.stderr
@@ -109,7 +102,8 @@ def test_bad_start_arguments_fail_fast(tiny_llama):
 def test_help_documents_flags_and_env():
     r = run_cli("--help")
     assert r.returncode == 0
-    for flag in ("--tp-size", "--tp", "--max-extend-length", "--cache", "--attn", "--api-key", "--shell"):
+    flags = ["--tp-size", "--tp", "--max-extend-length", "--cache", "--attn", "--api-key", "--shell"]
+    for flag in flags + ["--request-read-timeout", "--max-connections"]:
         assert flag in r.stdout
     for env in ("MINISGL_DISABLE_OVERLAP_SCHEDULING", "MINISGL_SHELL_MAX_TOKENS", "MINISGL_SHELL_TOP_K"):
         assert env in r.stdout

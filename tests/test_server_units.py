@@ -102,6 +102,14 @@ def test_cli_flags_and_aliases():
         parse_args(["--page-size", "0"])
 
 
+def test_loopback_hosts():
+    """Without --api-key, a --host other machines can reach gets a warning at start-up."""
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert parse_args(["--host", host]).loopback_only, host
+    for host in ("0.0.0.0", "::", "10.1.2.3", "example.org"):
+        assert not parse_args(["--host", host]).loopback_only, host
+
+
 def test_mini_sglang_spellings_mean_the_same():
     ours = parse_args(["--model", "m", "--tp-size", "2", "--max-seq-len", "99", "--shell", "--attn", "fa3,fi"])
     theirs = parse_args(
@@ -170,3 +178,35 @@ def test_environment_is_read_in_one_place():
     assert lax.shell_top_k == -1 and "MINISGL_SHELL_TOP_K" in lax.errors[0]
     readme = (root.parent / "README.md").read_text()
     assert all(v.env_name in readme for v in VARS), "the README's environment table lists every variable"
+
+
+def test_resource_errors_are_logged_once_per_interval():
+    """A burst of EMFILE records (asyncio logs one per failed accept, with a traceback) becomes one
+    line per interval, the next of which counts those dropped; other records pass untouched."""
+    import errno
+    import logging
+
+    from minisgl.server.connections import RepeatFilter
+
+    now = [100.0]
+    filt = RepeatFilter(every=5.0, clock=lambda: now[0])
+    emfile = OSError(errno.EMFILE, "Too many open files")
+
+    def record(msg: str, exc: BaseException | None) -> logging.LogRecord:
+        info = (type(exc), exc, None) if exc else None
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, (), info)
+
+    first = record("socket.accept() out of system resource\nsocket: <fd=3>", emfile)
+    assert filt.filter(first) and first.exc_info is None
+    assert first.getMessage() == "socket.accept() out of system resource: [Errno 24] Too many open files"
+    passed = 0
+    for _ in range(1000):  # the burst, within one interval
+        now[0] += 0.004
+        passed += filt.filter(record("socket.accept() out of system resource", emfile))
+    assert passed == 0
+    other = record("Exception in callback", ValueError("x"))
+    assert filt.filter(other) and other.exc_info is not None
+    now[0] += 1.0
+    nxt = record("socket.accept() out of system resource", emfile)
+    assert filt.filter(nxt)
+    assert "(1000 more like it in the last 5 s not logged)" in nxt.getMessage()

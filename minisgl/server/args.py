@@ -5,12 +5,16 @@ come from ``EngineConfig``'s fields (``add_engine_args``), the environment table
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
 from minisgl.engine.config import EngineConfig, add_engine_args, engine_kwargs
 from minisgl.env import help_table
 from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
+
+DEFAULT_READ_TIMEOUT_S = 30.0  # --request-read-timeout
+DEFAULT_MAX_CONNECTIONS = 10_000  # --max-connections, unless the open-file limit allows fewer
 
 EXAMPLES = """\
 examples:
@@ -29,11 +33,24 @@ class ServerArgs:
     shell: bool = False
     log_level: str = "info"
     max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST
+    request_read_timeout: float = DEFAULT_READ_TIMEOUT_S
+    max_connections: int | None = None  # None: DEFAULT_MAX_CONNECTIONS, or what the open-file limit allows
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether only this machine can reach the server (a host name other than localhost is
+        not resolved, and counts as reachable from outside)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,9 +60,34 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"environment variables:\n{help_table()}\n\n{EXAMPLES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds (default 127.0.0.1)")
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the HTTP server binds (default 127.0.0.1; one other machines reach, without --api-key, "
+        "logs a warning)",
+    )
     ap.add_argument("--port", type=int, default=1919, help="HTTP port (default 1919; 0 = any free port)")
-    ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer API_KEY` on every request")
+    ap.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer API_KEY` on every request but /health (ASCII; the scheme's case is free)",
+    )
+    ap.add_argument(
+        "--request-read-timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT_S,
+        metavar="SECONDS",
+        help="close a connection whose request (head and body) has not fully arrived this long after it began "
+        f"(default {DEFAULT_READ_TIMEOUT_S:g})",
+    )
+    ap.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"open HTTP connections at most (default {DEFAULT_MAX_CONNECTIONS}, fewer if the open-file limit is "
+        "lower); past it a new connection closes the oldest one still waiting for its request",
+    )
     ap.add_argument(
         "--max-sequences-per-request",
         type=int,
@@ -70,4 +112,22 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         ap.error(f"--port must be in 0..65535 (0 = any free port), got {ns.port}")
     if ns.max_sequences_per_request < 1:
         ap.error(f"--max-sequences-per-request must be at least 1, got {ns.max_sequences_per_request}")
-    return ServerArgs(engine, ns.host, ns.port, ns.api_key, ns.shell, ns.log_level, ns.max_sequences_per_request)
+    if ns.api_key is not None and not (ns.api_key.isascii() and ns.api_key == ns.api_key.strip()):
+        # a header carries bytes: a non-ASCII key has no one spelling a client would send, and
+        # surrounding whitespace is stripped from header values, so such a key could never match
+        ap.error("--api-key must be ASCII, without leading or trailing whitespace")
+    if not ns.request_read_timeout > 0:
+        ap.error(f"--request-read-timeout must be > 0 seconds, got {ns.request_read_timeout}")
+    if ns.max_connections is not None and ns.max_connections < 1:
+        ap.error(f"--max-connections must be >= 1, got {ns.max_connections}")
+    return ServerArgs(
+        engine,
+        ns.host,
+        ns.port,
+        ns.api_key,
+        ns.shell,
+        ns.log_level,
+        request_read_timeout=ns.request_read_timeout,
+        max_connections=ns.max_connections,
+        max_sequences_per_request=ns.max_sequences_per_request,
+    )

@@ -17,6 +17,8 @@ Lifecycle, and what guarantees it:
   503, the server logs which process died and how, stops the others and exits with code 1.
 - The launcher killed outright (SIGKILL) cannot clean up: the children notice their parent is
   gone and exit by themselves (``minisgl.process``).
+- Slow or silent clients cannot use up the open files: each request must arrive within
+  ``--request-read-timeout`` and the connections are capped (``connections``).
 """
 
 from __future__ import annotations
@@ -34,11 +36,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl.message import Addresses
 from minisgl.process import free_port, setup_logging
 from minisgl.server.args import ServerArgs
+
+if TYPE_CHECKING:
+    from minisgl.server.connections import ConnectionLimits
 
 logger = logging.getLogger("minisgl.server")
 
@@ -46,9 +51,12 @@ WATCH_INTERVAL_S = 0.2
 STOP_TIMEOUT_S = 5.0
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # NOTE: proto must be IPPROTO_TCP, not 0: accepted sockets inherit it, and asyncio sets
+    # TCP_NODELAY only on sockets whose proto says TCP. Without it Nagle's algorithm meets the
+    # client's delayed ACK and every response on a keep-alive connection waits ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -57,7 +65,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise SystemExit(
             f"minisgl: cannot listen on {host}:{port}: {e.strerror} (is another server running?)"
         ) from None
-    sock.listen(2048)  # connections queue up while the app starts, instead of being refused
+    sock.listen(backlog)  # connections queue up while the app starts, instead of being refused
     return sock
 
 
@@ -148,10 +156,13 @@ async def _watch(server, fe, procs: list[mp.Process], args: ServerArgs, state: d
         await asyncio.sleep(WATCH_INTERVAL_S)
 
 
-async def _serve(args: ServerArgs, addrs: Addresses, sock: socket.socket, procs: list[mp.Process]) -> int:
+async def _serve(
+    args: ServerArgs, addrs: Addresses, sock: socket.socket, procs: list[mp.Process], limits: ConnectionLimits
+) -> int:
     import uvicorn
 
     from minisgl.server.app import create_app
+    from minisgl.server.connections import KEEP_ALIVE_S, guarded_protocol, limit_resource_errors
 
     app = create_app(addrs, args.api_key, args.max_sequences_per_request)
     app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats
@@ -162,7 +173,11 @@ async def _serve(args: ServerArgs, addrs: Addresses, sock: socket.socket, procs:
         access_log=args.log_level == "debug",
         timeout_graceful_shutdown=3,
         lifespan="on",
+        http=guarded_protocol(limits),
+        timeout_keep_alive=KEEP_ALIVE_S,
+        backlog=limits.backlog,  # asyncio's accept loop takes up to this many sockets per tick
     )
+    limit_resource_errors()
     server = _uvicorn_server_class()(config)
     loop = asyncio.get_running_loop()
     # a signal handler must not touch asyncio objects directly: hand the work to the loop
@@ -196,6 +211,12 @@ def _stop_on_sigterm(sig, frame) -> None:
 def launch(args: ServerArgs) -> int:
     """Run the server until Ctrl-C, SIGTERM or a dead child; returns the exit code."""
     setup_logging(args.log_level, "server")
+    if args.api_key is None and not args.loopback_only:
+        logger.warning(
+            "--host %s lets other machines connect and no --api-key is set: anyone who reaches the port "
+            "can use the model",
+            args.host,
+        )
     from minisgl.models.resolve import resolve_model
 
     try:  # a wrong --model fails here, before any process starts (and converts the embedded model
@@ -204,7 +225,10 @@ def launch(args: ServerArgs) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2
-    sock = bind_socket(args.host, args.port)
+    from minisgl.server.connections import plan_connections
+
+    limits = plan_connections(args.max_connections, args.request_read_timeout)
+    sock = bind_socket(args.host, args.port, limits.backlog)
     args.port = sock.getsockname()[1]
     folder = _socket_dir()
     addrs = Addresses.under(folder or f"@minisgl-{os.getpid()}-{secrets.token_hex(4)}")
@@ -212,7 +236,7 @@ def launch(args: ServerArgs) -> int:
     procs: list[mp.Process] = []
     try:
         procs = start_workers(args.engine, addrs, args.log_level)
-        return asyncio.run(_serve(args, addrs, sock, procs))
+        return asyncio.run(_serve(args, addrs, sock, procs, limits))
     except KeyboardInterrupt:
         return 0
     finally:

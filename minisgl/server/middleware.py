@@ -10,19 +10,29 @@ MAX_BODY_BYTES = 8 << 20  # larger request bodies get a 413
 OPEN_PATHS = {"/health"}  # answered without an API key (load balancers probe it)
 
 
+def bearer_token(authorization: bytes) -> bytes | None:
+    """The credentials of an ``Authorization: Bearer <token>`` header value; the scheme's name is
+    case-insensitive (RFC 7235), and one or more spaces follow it."""
+    scheme, _, token = authorization.partition(b" ")
+    return token.lstrip(b" ") if scheme.lower() == b"bearer" else None
+
+
 class Guard:
     """Refuses a missing or wrong API key (401) and a body larger than ``max_body`` (413)."""
 
     def __init__(self, app, api_key: str | None, max_body: int = MAX_BODY_BYTES):
-        self.app, self.api_key, self.max_body = app, api_key, max_body
+        self.app, self.max_body = app, max_body
+        # ASCII (checked by the command line): the header's bytes compare with these exactly
+        self.api_key = api_key.encode("ascii") if api_key is not None else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            token = bearer_token(headers.get(b"authorization", b""))
+            # compare_digest takes the same time wherever the key and the token differ
+            if token is None or not hmac.compare_digest(token, self.api_key):
                 msg = "missing or wrong API key: send the header `Authorization: Bearer <key>`"
                 return await error_response(401, msg, code="invalid_api_key")(scope, receive, send)
         too_big = lambda: error_response(413, f"the request body is larger than {self.max_body} bytes")

@@ -46,7 +46,12 @@ VARS: tuple[Var, ...] = (
     Var("DISABLE_JIT", False, flag, "1: no C++ kernels through TVM FFI (torch instead)"),
     Var("CACHE_DIR", None, str, "where the embedded model is converted to (once)"),
     Var("SHELL_MAX_TOKENS", 512, int, "shell: tokens per answer"),
-    Var("SHELL_TEMPERATURE", 0.6, float, "shell: sampling temperature (0 = greedy)"),
+    Var(
+        "SHELL_TEMPERATURE",
+        None,
+        float,
+        "shell: sampling temperature (default 0, greedy, on the embedded model; 0.6 on others)",
+    ),
     Var("SHELL_TOP_P", 0.95, float, "shell: nucleus sampling threshold"),
     Var("SHELL_TOP_K", -1, int, "shell: top-k filter (-1 = off)"),
     Var("SHELL_HISTORY", None, str, "shell: history file (default: in the minisgl cache folder)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,18 @@ def test_cpu_kernel_agrees_with_torch():
         got = pa.paged_decode_attention(q, k, v, slots, lens, 0.125)
         want = pa.paged_decode_attention_torch(q, k, v, slots, lens, 0.125)
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_conversion_output_is_readable_when_not_a_terminal(tmp_path):
+    """Converting the embedded model with its output going to a file or a pipe (CI logs, notebooks)
+    writes one line per step: no progress-bar carriage returns or cursor-up escapes."""
+    import subprocess
+    import sys
+
+    code = "import logging; logging.basicConfig(level=logging.INFO)\n"
+    code += "from minisgl.models.embedded import embedded_model_path; embedded_model_path()\n"
+    env = dict(os.environ, MINISGL_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\x1b[A" not in r.stderr and "\r" not in r.stderr, r.stderr[-1000:]
+    assert "(3/3)" in r.stderr and (tmp_path / emb.EMBEDDED_NAME / ".complete").exists()

@@ -4,6 +4,8 @@ safetensors + tokenizer in the cache directory, and loaded like any other model 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -66,17 +68,39 @@ def embedded_model_path() -> Path:
 
 
 def _convert(src: Path, dst: Path) -> None:
+    import sys
+
     import torch
     from safetensors.torch import save_file
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    steps = tqdm(total=3, desc=f"converting {EMBEDDED_NAME}", unit="step")
+    # progress bars only on a terminal: written to a file or a pipe, nested bars are a mess of
+    # carriage returns and cursor-up escapes, so a log line per step is written instead
+    terminal = sys.stderr.isatty()
+    steps = tqdm(total=3, desc=f"converting {EMBEDDED_NAME}", unit="step", disable=not terminal)
+    quiet_gguf = contextlib.nullcontext()
+    if not terminal:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+        hf_logging.disable_progress_bar()
+        # transformers' GGUF loader has its own bar, with no switch: a quiet one in its place
+        quiet_gguf = _replaced(gguf_utils, "tqdm", functools.partial(tqdm, disable=True))
+    done_steps = []
+
+    def done(what: str) -> None:
+        steps.update()
+        done_steps.append(what)
+        if not terminal:
+            logger.info("converting %s: %s (%d/3)", EMBEDDED_NAME, what, len(done_steps))
+
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     tok.save_pretrained(dst)
-    steps.update()
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
-    steps.update()
+    done("tokenizer")
+    with quiet_gguf:
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    done("weights de-quantised")
     # save_pretrained refuses GGUF-quantised models, so write the dequantised tensors ourselves
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
@@ -88,5 +112,17 @@ def _convert(src: Path, dst: Path) -> None:
     config["dtype"] = "float32"
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     model.generation_config.to_json_file(str(dst / "generation_config.json"))
-    steps.update()
+    done("safetensors written")
     steps.close()
+    if not terminal:
+        hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _replaced(module, name: str, value):
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)

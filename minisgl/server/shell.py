@@ -29,7 +29,9 @@ HELP = "/reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an a
 @dataclass
 class ShellSettings:
     max_tokens: int = 512
-    temperature: float = 0.6
+    # None: greedy on the embedded model (a 135M model de-quantised from 4 bits answers sensibly greedily
+    # and wanders when sampled: "What is the capital of France?" got a wrong answer at 0.6), else 0.6
+    temperature: float | None = None
     top_p: float = 0.95
     top_k: int = -1
     history_file: str | None = None  # None: <minisgl cache>/shell_history
@@ -45,10 +47,9 @@ class ShellSettings:
         s.sampling().validate()
         return s
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=self.max_tokens
-        )
+    def sampling(self, embedded: bool = True) -> SamplingParams:
+        temperature = self.temperature if self.temperature is not None else 0.0 if embedded else 0.6
+        return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=self.max_tokens)
 
 
 @contextmanager
@@ -126,6 +127,27 @@ def _reader(history_file: str | None) -> Callable[[], str]:
     return lambda: session.prompt("> ")
 
 
+def banner(llm, model: str | None, sampling: SamplingParams) -> str:
+    """What the user talks to, how big it is, how it samples, and how to talk to something bigger."""
+    from minisgl.models.embedded import EMBEDDED_NAME
+
+    engine = llm.scheduler.engine
+    params = sum(p.numel() for p in engine.model.parameters()) * engine.tp.size  # tied weights count once
+    dtype = str(engine.dtype).removeprefix("torch.")
+    how = "greedy" if sampling.is_greedy else f"temperature {sampling.temperature}, top-p {sampling.top_p}"
+    lines = [f"minisgl shell: {model or EMBEDDED_NAME}, {params / 1e6:,.0f}M parameters, {dtype} on {engine.device}"]
+    if model is None:
+        lines += [
+            "  the embedded model: shipped 4-bit (GGUF Q4_1) and de-quantised, a tiny model with simple answers;",
+            "  a bigger one: python -m minisgl --shell --model Qwen/Qwen3-0.6B (a hub id or a local folder)",
+        ]
+    lines += [
+        f"  answers: {how}, up to {sampling.max_tokens} tokens (MINISGL_SHELL_* variables change it)",
+        f"  {HELP}.",
+    ]
+    return "\n".join(lines)
+
+
 def run_shell(args: ServerArgs) -> int:
     try:
         settings = ShellSettings.from_env()
@@ -147,9 +169,10 @@ def run_shell(args: ServerArgs) -> int:
         from minisgl.scheduler.warmup import warm_up
 
         warm_up(llm.scheduler)
-    name = args.engine.get("model") or "SmolLM2-135M-Instruct (embedded)"
-    print(f"minisgl shell: {name}. {HELP}.", flush=True)
-    chat = ChatSession(llm, settings.sampling())
+    embedded = args.engine.get("model") is None
+    sampling = settings.sampling(embedded)
+    print(banner(llm, args.engine.get("model"), sampling), flush=True)
+    chat = ChatSession(llm, sampling)
     read = _reader(settings.history_file)
     write = lambda s: (sys.stdout.write(s), sys.stdout.flush())
     try:

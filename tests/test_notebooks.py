@@ -9,6 +9,7 @@ To refresh the committed outputs after editing a lesson, run it top to bottom an
 
 from __future__ import annotations
 
+import ast
 import re
 import time
 from pathlib import Path
@@ -88,3 +89,47 @@ def test_lesson_shape(path: Path):
     assert any(c.cell_type == "markdown" and re.search(r"^## Your turn", c.source, re.M) for c in nb.cells), (
         f"{path.name}: no '## Your turn' section (the lab, the grading command and what the tests check)"
     )
+
+
+def _text(cell) -> str:
+    out = []
+    for o in cell.get("outputs", []):
+        out.append(o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", ""))
+    return "".join(out)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_exercises_are_committed_open_and_checked(path: Path):
+    """A lesson with exercise cells states the rule at the top; each exercise is committed unfilled (its
+    functions only raise NotImplementedError: no answer on GitHub) and a check reports it open."""
+    nb = _read(path)
+    exercises = [c for c in nb.cells if c.cell_type == "code" and re.match(r"# Exercise\b", c.source)]
+    if not exercises:
+        return
+    assert "Exercise cells: fill in; the check below tells you" in nb.cells[0].source, (
+        f"{path.name}: the first cell should state the rule for exercise cells"
+    )
+    open_lines = [line for c in nb.cells if c.cell_type == "code" for line in _text(c).splitlines()]
+    open_lines = [line.split(":")[0] for line in open_lines if line.startswith("○ ")]
+    for cell in exercises:
+        for fn in (n for n in ast.parse(cell.source).body if isinstance(n, ast.FunctionDef)):
+            body = [n for n in fn.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+            raises = len(body) == 1 and isinstance(body[0], ast.Raise)
+            assert raises and "NotImplementedError" in ast.unparse(body[0]), (
+                f"{path.name}: exercise {fn.name}() is committed filled in; commit it open (a docstring and a raise)"
+            )
+            assert any(re.search(rf"\b{fn.name}\b", line) for line in open_lines), (
+                f"{path.name}: no check reports exercise {fn.name}() open in the committed outputs"
+            )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_widgets_leave_a_static_picture(path: Path):
+    """Readers on GitHub (and CI) have no live kernel: every explorer cell shows its static picture."""
+    nb = _read(path)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and re.search(r"(^|=\s*)explorer\(", cell.source, re.M):
+            kinds = [o.get("data", {}) for o in cell.get("outputs", [])]
+            assert "Static picture" in _text(cell) and any("image/png" in d for d in kinds), (
+                f"{path.name}: the explorer cell {cell.source.splitlines()[0][:50]!r} shows no static picture"
+            )

@@ -1,0 +1,259 @@
+"""Helpers for the lesson notebooks: exercise checks, and one interactive explorer.
+
+**Exercises.** An exercise cell holds a function for you to write; the cell after it calls ``check``,
+which runs your function and the engine's on the same inputs and prints one line::
+
+    ✓ rms_norm: same results as minisgl.layers.norm.rms_norm on [12, 576] float32. The lesson continues with yours.
+    ✗ rms_norm: different from minisgl.layers.norm.rms_norm: result[0, 3]: expected 0.0512, got 0.0498 ...
+    ○ rms_norm: exercise open (...). The lesson continues with minisgl.layers.norm.rms_norm.
+
+``check`` returns what the rest of the lesson uses: your function once it agrees, the engine's until
+then. So a notebook runs top to bottom with every exercise open (that is how CI runs it).
+
+**Explorer.** ``explorer(draw, actions)`` shows buttons that change some state (step the scheduler,
+insert into a radix tree, ...) and redraws it. Without a live frontend (CI, GitHub, plain Python)
+the buttons cannot work, so it always shows a static picture of the current state as well.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import textwrap
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+RESULTS: dict[str, str] = {}  # exercise name -> "pass" | "fail" | "open", in the order checked
+_MARK = {"pass": "✓", "fail": "✗", "open": "○"}
+
+
+# ---- exercises ---------------------------------------------------------------------------------
+def check(
+    student: Any,
+    reference: Any,
+    *inputs: Any,
+    name: str | None = None,
+    against: str | None = None,
+    run: Callable[..., Any] | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+) -> Any:
+    """Compare ``student(*inputs)`` with ``reference(*inputs)``, print ✓ / ✗ / ○ (open), and return
+    the one the rest of the lesson should use: ``student`` if it agrees, else ``reference``.
+
+    ``run(impl, *inputs)``, when given, replaces the call: it plays a scenario with ``impl`` (a function
+    or a tuple of them) and returns a record to compare, e.g. ``{"match [1, 2]": (2, [0, 1])}``.
+    Tensors compare with ``atol``/``rtol`` (same shape and dtype required), other values with ``==``
+    (floats with the tolerances). Each call gets fresh copies of tensor inputs. An exercise that
+    raises ``NotImplementedError`` is *open*; any other exception is a failure and its last frames
+    are printed."""
+    name = name or getattr(student, "__name__", "your function")
+    against = against or _name(reference)
+    call = run or (lambda fn, *args: fn(*args))
+    expected = call(reference, *_fresh(inputs))  # a failure here is the lesson's bug: let it raise
+    try:
+        got = call(student, *_fresh(inputs))
+    except NotImplementedError as e:
+        return _verdict(name, "open", f"○ {name}: exercise open ({e or 'NotImplementedError'}).", against, reference)
+    except Exception as e:  # the student's bug: show where (their frames, not ours), then carry on
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__][-3:]
+        where = textwrap.indent("".join(traceback.format_list(frames)).rstrip(), "  ")
+        return _verdict(name, "fail", f"✗ {name}: raised {type(e).__name__}: {e}\n{where}\n", against, reference)
+    problem = compare(expected, got, atol=atol, rtol=rtol)
+    if problem is not None:
+        return _verdict(name, "fail", f"✗ {name}: different from {against}: {problem}.", against, reference)
+    RESULTS[name] = "pass"
+    print(f"✓ {name}: same results as {against}{_describe(inputs)}. The lesson continues with yours.")
+    return student
+
+
+def _verdict(name: str, status: str, message: str, against: str, reference: Any) -> Any:
+    RESULTS[name] = status
+    sep = "" if message.endswith("\n") else " "
+    print(f"{message}{sep}The lesson continues with {against}.")
+    return reference
+
+
+def summary() -> None:
+    """One line per exercise checked so far in this notebook."""
+    if not RESULTS:
+        print("no exercise checked yet")
+    for name, status in RESULTS.items():
+        what = {"pass": "done", "fail": "differs from the engine", "open": "open"}[status]
+        print(f"  {_MARK[status]} {name}: {what}")
+    done = sum(s == "pass" for s in RESULTS.values())
+    print(f"{done} of {len(RESULTS)} exercises agree with the engine")
+
+
+def compare(expected: Any, got: Any, atol: float = 1e-5, rtol: float = 1e-5, path: str = "result") -> str | None:
+    """``None`` when ``got`` matches ``expected``, else where and how it differs (expected vs got)."""
+    torch = _torch()
+    if torch is not None and isinstance(expected, torch.Tensor):
+        return _compare_tensors(torch, expected, got, atol, rtol, path)
+    if isinstance(expected, float) and isinstance(got, int | float) and not isinstance(got, bool):
+        if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
+            return None
+        return f"{path}: expected {expected:.6g}, got {got:.6g}"
+    if isinstance(expected, Mapping):
+        if not isinstance(got, Mapping) or list(got) != list(expected):
+            return f"{path}: expected {_short(expected)}, got {_short(got)}"
+        for key in expected:
+            problem = compare(expected[key], got[key], atol, rtol, f"{path}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, list | tuple):
+        if not isinstance(got, list | tuple) or len(got) != len(expected):
+            return f"{path}: expected {_short(expected)}, got {_short(got)}"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            problem = compare(e, g, atol, rtol, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    return None if got == expected else f"{path}: expected {_short(expected)}, got {_short(got)}"
+
+
+def _compare_tensors(torch, expected, got, atol, rtol, path) -> str | None:
+    if not isinstance(got, torch.Tensor):
+        return f"{path}: expected a tensor of shape {list(expected.shape)}, got {_short(got)}"
+    if got.shape != expected.shape:
+        return f"{path}: expected shape {list(expected.shape)}, got {list(got.shape)}"
+    if got.dtype != expected.dtype:
+        return f"{path}: expected dtype {expected.dtype}, got {got.dtype}"
+    e, g = expected.detach().cpu().double(), got.detach().cpu().double()
+    close = torch.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    if bool(close.all()):
+        return None
+    where = tuple((~close).nonzero()[0].tolist())
+    diff = float((g - e).abs().nan_to_num(math.inf).max())
+    return (
+        f"{path}{list(where)}: expected {e[where].item():.6g}, got {g[where].item():.6g} "
+        f"({int((~close).sum())} of {close.numel()} values differ, max |diff| {diff:.3g})"
+    )
+
+
+def _fresh(inputs: tuple) -> tuple:
+    torch = _torch()
+    if torch is None:
+        return inputs
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _describe(inputs: tuple) -> str:
+    torch = _torch()
+    shapes = [f"{list(x.shape)} {str(x.dtype).removeprefix('torch.')}" for x in inputs if torch and torch.is_tensor(x)]
+    return f" on {', '.join(shapes)}" if shapes else ""
+
+
+def _name(fn: Any) -> str:
+    qual = getattr(fn, "__qualname__", None)
+    if qual is None or "<" in qual:
+        return "the reference"
+    module = getattr(fn, "__module__", None)
+    return qual if module in (None, "__main__", "builtins") else f"{module}.{qual}"
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _torch():
+    import sys
+
+    return sys.modules.get("torch")  # never import torch here: the helper works without it
+
+
+# ---- the explorer ------------------------------------------------------------------------------
+class Explorer:
+    """State behind buttons: ``press(label, text)`` runs an action and returns the new picture."""
+
+    def __init__(self, draw: Callable[[], Any], actions: Mapping[str, Callable[..., Any]], text: str | None):
+        self.draw, self.actions, self.text = draw, dict(actions), text
+        self.picture: Any = None  # the last picture drawn (a matplotlib Figure or a str)
+        self.widget: Any = None  # the controls, when a live kernel shows them
+
+    def press(self, label: str, text: str | None = None) -> Any:
+        action = self.actions[label]
+        if self.text is None:
+            action()
+        else:
+            action(self.text if text is None else text)
+        self.picture = self.draw()
+        return self.picture
+
+
+def explorer(
+    draw: Callable[[], Any],
+    actions: Mapping[str, Callable[..., Any]],
+    *,
+    text: str | None = None,
+    caption: str = "the state when this cell ran",
+) -> Explorer:
+    """Buttons (one per action, plus a text box when ``text`` is its starting value: the actions
+    then take that text) that change some state and redraw ``draw()``: a matplotlib Figure or a
+    str. Always shows a static picture of the current state; in a live notebook the buttons redraw
+    under it. Headless (CI, nbconvert, plain Python) the static picture is all there is."""
+    ex = Explorer(draw, actions, text)
+    live = _live_kernel()
+    if live:
+        import ipywidgets as w
+
+        box = w.Text(value=text, layout=w.Layout(width="32em")) if text is not None else None
+        out = w.Output()
+
+        def on_click(button):
+            with out:
+                out.clear_output(wait=True)
+                try:
+                    picture = ex.press(button.description, box.value if box is not None else None)
+                except Exception as e:  # a bad input: say so, keep the explorer alive
+                    print(f"{button.description}: {type(e).__name__}: {e}")
+                    return
+                print(f"after '{button.description}'" + (f" {box.value!r}" if box is not None else "") + ":")
+                show(picture)
+
+        buttons = [w.Button(description=label) for label in ex.actions]
+        for b in buttons:
+            b.on_click(on_click)
+        ex.widget = w.VBox(([box] if box is not None else []) + [w.HBox(buttons)])
+        _display_widget(ex.widget, f"[buttons: {' · '.join(ex.actions)}; they need a live notebook]")
+    print(f"Static picture: {caption}." + (" The buttons above redraw below it." if live else ""))
+    ex.picture = draw()
+    show(ex.picture)
+    if live:
+        _display_widget(out, "")
+    return ex
+
+
+def show(picture: Any) -> None:
+    """Display a Figure (and close it, so the inline backend does not show it twice) or print text."""
+    if isinstance(picture, str):
+        print(picture)
+        return
+    from IPython.display import display
+
+    display(picture)
+    if type(picture).__module__.startswith("matplotlib"):
+        import matplotlib.pyplot as plt
+
+        plt.close(picture)
+
+
+def _display_widget(widget: Any, text: str) -> None:
+    # the widget's own repr would put a long "VBox(children=(...))" where GitHub shows text/plain
+    from IPython.display import display
+
+    view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+    display({"application/vnd.jupyter.widget-view+json": view, "text/plain": text}, raw=True)
+
+
+def _live_kernel() -> bool:
+    """True inside a Jupyter kernel with ipywidgets installed (a frontend may show the buttons)."""
+    if importlib.util.find_spec("IPython") is None or importlib.util.find_spec("ipywidgets") is None:
+        return False
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None

@@ -13,15 +13,21 @@ from fastapi import FastAPI
 
 from minisgl.message import Addresses
 from minisgl.server import native_routes, openai_routes
+from minisgl.server.args import HEALTH_TIMEOUT_S
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.frontend import Frontend
 from minisgl.server.middleware import Guard
 
 
-def create_app(addrs: Addresses, api_key: str | None = None) -> FastAPI:
+def create_app(
+    addrs: Addresses,
+    api_key: str | None = None,
+    request_timeout: float | None = None,
+    health_timeout: float = HEALTH_TIMEOUT_S,
+) -> FastAPI:
     """The app, with its ``Frontend`` in ``app.state.frontend``; the launcher may put the worker
     pids in ``app.state.processes`` (``GET /stats`` shows them)."""
-    fe = Frontend(addrs)
+    fe = Frontend(addrs, request_timeout, health_timeout)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -17,6 +17,10 @@ examples:
   python -m minisgl --model path/to/Qwen3-0.6B --port 30000 --api-key secret
   python -m minisgl --shell                       # chat in the terminal
 """
+# a heartbeat goes round every second and takes milliseconds; the bound leaves room for a burst of
+# work between steps (tokenizing an 8 MiB prompt takes seconds). A long step is excused apart
+# (BusyMsg), so it need not cover one: a CPU prefill of 8k tokens takes a minute.
+HEALTH_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -27,6 +31,8 @@ class ServerArgs:
     api_key: str | None = None
     shell: bool = False
     log_level: str = "info"
+    request_timeout: float | None = None  # seconds; None: requests may run as long as they need
+    health_timeout: float = HEALTH_TIMEOUT_S
 
     @property
     def url(self) -> str:
@@ -46,6 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--api-key", default=None, help="require `Authorization: Bearer API_KEY` on every request")
     ap.add_argument("--shell", "--shell-mode", action="store_true", help="chat in the terminal instead of serving HTTP")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="(default info)")
+    ap.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="abort a request still unfinished after S seconds: 504, or an error event on a stream (default: none)",
+    )
+    ap.add_argument(
+        "--health-timeout",
+        type=_seconds,
+        default=HEALTH_TIMEOUT_S,
+        metavar="S",
+        help="GET /health answers 503 when a worker has not answered its heartbeat for S seconds "
+        f"(default {HEALTH_TIMEOUT_S:g}; a long step does not count)",
+    )
     add_engine_args(ap.add_argument_group("engine"))
     return ap
 
@@ -60,4 +81,16 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         ap.error(str(e))
     if not 0 <= ns.port < 65536:
         ap.error(f"--port must be in 0..65535 (0 = any free port), got {ns.port}")
-    return ServerArgs(engine, ns.host, ns.port, ns.api_key, ns.shell, ns.log_level)
+    return ServerArgs(
+        engine, ns.host, ns.port, ns.api_key, ns.shell, ns.log_level, ns.request_timeout, ns.health_timeout
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value

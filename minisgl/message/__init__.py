@@ -4,20 +4,25 @@ Every message is a dataclass named ``*Msg``; :func:`encode` / :func:`decode` tur
 bytes and back (nested dataclasses included, tagged with their class name). One ZMQ PUSH/PULL
 pipe per hop, so messages on a hop arrive in the order they were sent::
 
-    API server --TokenizeMsg, AbortMsg, StatsReqMsg--> tokenizer
-    tokenizer  --ReadyMsg, GenerateMsg, AbortMsg, StatsReqMsg--> scheduler (rank 0)
+    API server --TokenizeMsg, AbortMsg, StatsReqMsg, PingMsg--> tokenizer
+    tokenizer  --ReadyMsg, GenerateMsg, AbortMsg, StatsReqMsg, PingMsg--> scheduler (rank 0)
     tokenizer  --ErrorMsg----------------------------> API server   (bad input caught early)
-    scheduler  --BatchTokenMsg, ErrorMsg, StatsMsg, ReadyMsg--> detokenizer
+    scheduler  --BatchTokenMsg, ErrorMsg, StatsMsg, ReadyMsg, PingMsg, BusyMsg--> detokenizer
     detokenizer --BatchReplyMsg (+ the others, forwarded as they are)--> API server
 
 Because ``AbortMsg`` follows the request's own message down the same pipes, an abort can never
-overtake the request it cancels.
+overtake the request it cancels; for the same reason a ``PingMsg`` that comes back has passed
+every stage's loop.
+
+:func:`decode` trusts nothing: whatever the bytes, it returns a message whose every field has its
+declared type, or raises :class:`BadMessage`.
 """
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 
@@ -28,9 +33,9 @@ from minisgl.core import SamplingParams
 class Addresses:
     """The ZMQ endpoints, one PULL socket per process (bound by the process that reads it).
 
-    ``ipc://`` (Unix domain) sockets: no TCP ports to leak or collide. On Linux they live in the
-    abstract namespace (``ipc://@name``), which leaves no file behind even when a process is
-    killed; elsewhere in a private temporary folder that the launcher removes."""
+    ``ipc://`` (Unix domain) sockets in one folder that only the server's user may enter
+    (``minisgl.server.ipc``): no TCP port and no abstract-namespace name that any local user
+    could connect to."""
 
     tokenizer: str
     scheduler: str
@@ -43,11 +48,13 @@ class Addresses:
 
 
 _TAG = "__msg__"
-_TYPES: dict[str, type] = {"SamplingParams": SamplingParams}
+_TYPES: dict[str, type] = {"SamplingParams": SamplingParams}  # what may appear on the wire
+_MESSAGES: list[type] = []  # what may be a whole frame
 
 
 def _register(cls: type) -> type:
     _TYPES[cls.__name__] = cls
+    _MESSAGES.append(cls)
     return cls
 
 
@@ -130,13 +137,18 @@ class BatchReplyMsg:
 @_register
 @dataclass
 class ErrorMsg:
-    """A request was refused (bad input) before producing anything; ``status`` is the HTTP code."""
+    """A request was refused (bad input) before producing anything; ``status`` is the HTTP code,
+    always an error code (400..599)."""
 
     uid: int
     message: str
     status: int = 400
     code: str | None = None
     param: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (type(self.status) is int and 400 <= self.status < 600):
+            raise ValueError(f"ErrorMsg.status must be an HTTP error code, got {self.status!r}")
 
 
 @_register
@@ -156,6 +168,25 @@ class ReadyMsg:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+# ---- liveness (minisgl.server.frontend: /health) ---------------------------------------------
+@_register
+@dataclass
+class PingMsg:
+    """The API server's heartbeat. It travels tokenizer -> scheduler -> detokenizer -> API server
+    like a request, so its return proves that every stage's loop still runs."""
+
+    seq: int
+
+
+@_register
+@dataclass
+class BusyMsg:
+    """From a thread of the scheduler (rank 0) while its loop is inside one long step (a long
+    prefill, a first-time kernel compile): the process is alive, pings are merely delayed."""
+
+    step_s: float  # how long the current step has run
+
+
 def _default(obj: Any) -> Any:
     if is_dataclass(obj) and type(obj).__name__ in _TYPES:
         d = {f.name: getattr(obj, f.name) for f in fields(obj)}
@@ -169,21 +200,71 @@ def _object_hook(d: dict) -> Any:
     return d if name is None else _TYPES[name](**d)
 
 
+class BadMessage(ValueError):
+    """A frame that is not a well-formed message of a kind its receiver accepts."""
+
+
+_HINTS = {cls: get_type_hints(cls) for cls in _TYPES.values()}  # field name -> declared type
+_INT64 = 1 << 63  # ints must fit an int64 (token ids, seeds and top_k become tensors)
+
+
+def _conforms(v: Any, hint: Any) -> bool:
+    """``v`` has the type ``hint`` (as written in a message's fields), all the way down."""
+    if hint is Any:
+        return True
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_conforms(v, h) for h in get_args(hint))
+    if origin is list:
+        (item,) = get_args(hint)
+        if type(v) is not list:
+            return False
+        if item is int:  # token ids: the long lists, checked without a call per element
+            return all(type(x) is int for x in v) and (not v or (-_INT64 <= min(v) and max(v) < _INT64))
+        return all(_conforms(x, item) for x in v)
+    if origin is dict:
+        key, item = get_args(hint)
+        return type(v) is dict and all(_conforms(k, key) and _conforms(x, item) for k, x in v.items())
+    if hint is int:
+        return type(v) is int and -_INT64 <= v < _INT64
+    if hint is float:
+        return type(v) in (int, float)  # msgpack keeps 0 an int; bool is neither
+    if hint in (str, bool, type(None)):
+        return type(v) is hint
+    if hint in _HINTS:
+        return type(v) is hint and all(_conforms(getattr(v, n), h) for n, h in _HINTS[hint].items())
+    return False
+
+
 def encode(msg: Any) -> bytes:
     return msgpack.packb(msg, default=_default)
 
 
-def decode(data: bytes) -> Any:
-    return msgpack.unpackb(data, object_hook=_object_hook, strict_map_key=False)
+def decode(data: bytes, accept: tuple[type, ...] = ()) -> Any:
+    """The message in ``data``, one of ``accept`` (default: any ``*Msg``). Raises ``BadMessage``,
+    and nothing else, for anything but such a message with every field of its declared type:
+    bytes that are not msgpack, an unknown tag, missing or extra fields, a field of another type."""
+    try:
+        msg = msgpack.unpackb(data, object_hook=_object_hook, strict_map_key=False)
+    except Exception as e:  # msgpack's own errors, and the constructors' (fields missing or extra)
+        raise BadMessage(f"undecodable ({type(e).__name__}: {str(e)[:200]})") from None
+    if type(msg) not in (accept or _MESSAGES):
+        raise BadMessage(f"unexpected {type(msg).__name__}")
+    if not _conforms(msg, type(msg)):
+        raise BadMessage(f"{type(msg).__name__} with a field of the wrong type")
+    return msg
 
 
 __all__ = [
     "AbortMsg",
     "Addresses",
+    "BadMessage",
     "BatchReplyMsg",
     "BatchTokenMsg",
+    "BusyMsg",
     "ErrorMsg",
     "GenerateMsg",
+    "PingMsg",
     "ReadyMsg",
     "ReplyMsg",
     "StatsMsg",

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from minisgl.message import Addresses
 from minisgl.server import native_routes, openai_routes
+from minisgl.server.args import HEALTH_TIMEOUT_S
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.frontend import Frontend
 from minisgl.server.middleware import Guard
@@ -20,12 +21,16 @@ from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
 
 
 def create_app(
-    addrs: Addresses, api_key: str | None = None, max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST
+    addrs: Addresses,
+    api_key: str | None = None,
+    max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST,
+    request_timeout: float | None = None,
+    health_timeout: float = HEALTH_TIMEOUT_S,
 ) -> FastAPI:
     """The app, with its ``Frontend`` in ``app.state.frontend``; the launcher may put the worker
     pids in ``app.state.processes`` (``GET /stats`` shows them). A request may ask for at most
     ``max_sequences_per_request`` sequences (prompts x n)."""
-    fe = Frontend(addrs)
+    fe = Frontend(addrs, request_timeout, health_timeout)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

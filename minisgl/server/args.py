@@ -22,6 +22,10 @@ examples:
   python -m minisgl --model path/to/Qwen3-0.6B --port 30000 --api-key secret
   python -m minisgl --shell                       # chat in the terminal
 """
+# a heartbeat goes round every second and takes milliseconds; the bound leaves room for a burst of
+# work between steps (tokenizing an 8 MiB prompt takes seconds). A long step is excused apart
+# (BusyMsg), so it need not cover one: a CPU prefill of 8k tokens takes a minute.
+HEALTH_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -35,6 +39,8 @@ class ServerArgs:
     max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST
     request_read_timeout: float = DEFAULT_READ_TIMEOUT_S
     max_connections: int | None = None  # None: DEFAULT_MAX_CONNECTIONS, or what the open-file limit allows
+    request_timeout: float | None = None  # seconds; None: requests may run as long as they need
+    health_timeout: float = HEALTH_TIMEOUT_S
 
     @property
     def url(self) -> str:
@@ -96,6 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--shell", "--shell-mode", action="store_true", help="chat in the terminal instead of serving HTTP")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="(default info)")
+    ap.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="abort a request still unfinished after S seconds: 504, or an error event on a stream (default: none)",
+    )
+    ap.add_argument(
+        "--health-timeout",
+        type=_seconds,
+        default=HEALTH_TIMEOUT_S,
+        metavar="S",
+        help="GET /health answers 503 when a worker has not answered its heartbeat for S seconds "
+        f"(default {HEALTH_TIMEOUT_S:g}; a long step does not count)",
+    )
     add_engine_args(ap.add_argument_group("engine"))
     return ap
 
@@ -130,4 +151,16 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         request_read_timeout=ns.request_read_timeout,
         max_connections=ns.max_connections,
         max_sequences_per_request=ns.max_sequences_per_request,
+        request_timeout=ns.request_timeout,
+        health_timeout=ns.health_timeout,
     )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value

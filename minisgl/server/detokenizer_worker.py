@@ -1,45 +1,74 @@
 """The detokenizer process: the scheduler's token batches in, text replies out to the API server
-(``minisgl.tokenizer.detokenizer.IncrementalDecoder`` per request); other messages pass through."""
+(``minisgl.tokenizer.detokenizer.IncrementalDecoder`` per request); other messages pass through.
+A malformed frame is dropped, and so is a token that cannot be decoded (``minisgl.server.ipc``)."""
 
 from __future__ import annotations
 
 import logging
 
-from minisgl.message import Addresses, BatchReplyMsg, BatchTokenMsg, ReplyMsg, decode, encode
+from minisgl.message import (
+    Addresses,
+    BatchReplyMsg,
+    BatchTokenMsg,
+    BusyMsg,
+    ErrorMsg,
+    PingMsg,
+    ReadyMsg,
+    ReplyMsg,
+    StatsMsg,
+    TokenMsg,
+    encode,
+)
+from minisgl.server.ipc import MsgReader
 from minisgl.server.tokenizer_worker import start_text_worker
 from minisgl.tokenizer.detokenizer import IncrementalDecoder
 
 logger = logging.getLogger(__name__)
+
+ACCEPTS = (BatchTokenMsg, ErrorMsg, StatsMsg, ReadyMsg, PingMsg, BusyMsg)  # from the scheduler
 
 
 def run_detokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_level: str) -> None:
     """Process entry point."""
     tokenizer, inbox, push = start_text_worker("detokenizer", model, dummy_weight, addrs.detokenizer, log_level)
     out = push(addrs.frontend)
+    reader = MsgReader("detokenizer", ACCEPTS)
     decoders: dict[int, IncrementalDecoder] = {}
     logger.info("detokenizer ready")
     while True:
-        msg = decode(inbox.recv())
+        msg = reader.read(inbox.recv())
+        if msg is None:
+            continue
         if not isinstance(msg, BatchTokenMsg):
             out.send(encode(msg))
             continue
         # a request's tokens in one batch are merged into one reply
         replies: dict[int, ReplyMsg] = {}
         for t in msg.tokens:
-            reply = replies.get(t.uid)
-            if reply is None:
-                reply = replies[t.uid] = ReplyMsg(t.uid, "", [], None, t.prompt_tokens, t.cached_tokens)
-            if t.finish_reason == "abort":
-                decoders.pop(t.uid, None)
-                reply.finish_reason = "abort"
-                continue
-            dec = decoders.get(t.uid)
-            if dec is None:
-                dec = decoders[t.uid] = IncrementalDecoder(tokenizer)
-            reply.token_ids.append(t.token_id)
-            reply.text += dec.push([t.token_id])
-            if t.finish_reason is not None:
-                reply.text += dec.flush()
-                reply.finish_reason = t.finish_reason
-                del decoders[t.uid]
+            try:
+                add_token(replies, decoders, tokenizer, t)
+            except Exception as e:  # a token id the tokenizer cannot decode: drop it, keep the rest
+                decoders.pop(t.uid, None)  # it holds the bad id, which would fail every later push
+                reader.drop(f"token {t.token_id} of request {t.uid}: {type(e).__name__}: {e}")
         out.send(encode(BatchReplyMsg(list(replies.values()))))
+
+
+def add_token(replies: dict[int, ReplyMsg], decoders: dict[int, IncrementalDecoder], tokenizer, t: TokenMsg) -> None:
+    """Append one token (and the text it completes) to its request's reply in this batch."""
+    reply = replies.get(t.uid)
+    if reply is None:
+        reply = replies[t.uid] = ReplyMsg(t.uid, "", [], None, t.prompt_tokens, t.cached_tokens)
+    if t.finish_reason == "abort":
+        decoders.pop(t.uid, None)
+        reply.finish_reason = "abort"
+        return
+    dec = decoders.get(t.uid)
+    if dec is None:
+        dec = decoders[t.uid] = IncrementalDecoder(tokenizer)
+    text = dec.push([t.token_id])  # first: a token that cannot be decoded leaves the reply as it was
+    reply.token_ids.append(t.token_id)
+    reply.text += text
+    if t.finish_reason is not None:
+        reply.text += dec.flush()
+        reply.finish_reason = t.finish_reason
+        del decoders[t.uid]

@@ -1,30 +1,41 @@
 """The API server's end of the ZMQ pipeline (see ``minisgl.message``).
 
 A request becomes one ``TokenizeMsg`` per generated sequence (``n`` per prompt), each with its own
-uid. Replies come back on one PULL socket and are routed by uid to the queue of the HTTP request
-that owns the sequence.
+uid: 63 random bits, so that nobody can aim a forged message at a request. Replies come back on
+one PULL socket and are routed by uid to the queue of the HTTP request that owns the sequence; a
+malformed frame is dropped (``minisgl.server.ipc``) and nothing stops the receiving task.
+
+Liveness: at most one ``PingMsg`` is in flight through tokenizer -> scheduler -> detokenizer -> here,
+a new one a second after the last came back. ``health()`` reports a problem when one has been in
+flight longer than ``health_timeout``, unless the scheduler keeps saying it is inside one long
+step (``BusyMsg``, at most ``MAX_STEP_S``): a stopped or hung worker shows within the bound, a
+long prefill or a first-time kernel compile does not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 from minisgl.message import (
     AbortMsg,
     Addresses,
     BatchReplyMsg,
+    BusyMsg,
     ErrorMsg,
+    PingMsg,
     ReadyMsg,
     StatsMsg,
     StatsReqMsg,
     TokenizeMsg,
-    decode,
     encode,
 )
+from minisgl.server.args import HEALTH_TIMEOUT_S
 from minisgl.server.errors import ApiError
+from minisgl.server.ipc import MsgReader, bind_inbox
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -33,20 +44,31 @@ logger = logging.getLogger("minisgl.server")
 
 STATS_TIMEOUT_S = 10.0
 READY_PARTS = {"tokenizer", "scheduler"}
+ACCEPTS = (BatchReplyMsg, ErrorMsg, StatsMsg, ReadyMsg, PingMsg, BusyMsg)  # from the detokenizer (and tokenizer)
+PING_EVERY_S = 1.0
+MAX_STEP_S = 300.0  # a step longer than this is a hang, busy or not (CPU: an 8k-token prefill ~60 s)
 
 
 class Frontend:
-    """Sends requests into the pipeline and routes what comes back to the waiting HTTP requests."""
+    """Sends requests into the pipeline and routes what comes back to the waiting HTTP requests.
+    ``request_timeout`` (seconds, None = none) bounds each request (``Generation``)."""
 
-    def __init__(self, addrs: Addresses):
+    def __init__(
+        self, addrs: Addresses, request_timeout: float | None = None, health_timeout: float = HEALTH_TIMEOUT_S
+    ):
         self.addrs = addrs
+        self.request_timeout, self.health_timeout = request_timeout, health_timeout
         self.routes: dict[int, asyncio.Queue] = {}  # uid -> queue of the HTTP request that owns it
         self.stats_waiters: dict[int, asyncio.Future] = {}
         self.workers: dict[str, dict] = {}  # ReadyMsg.info by worker
         self.ready = asyncio.Event()
         self.failure: str | None = None  # set when the engine is gone (crash or shutdown)
-        self._uids = itertools.count(1)
+        self.reader = MsgReader("api-server", ACCEPTS)
+        self._ping_seq = 0
+        self._ping_sent: float | None = None  # monotonic time of the ping in flight
+        self._busy: tuple[float, float] = (-1e9, 0.0)  # (received at, step seconds) of the last BusyMsg
         self._task: asyncio.Task | None = None
+        self._pinger: asyncio.Task | None = None
 
     @property
     def info(self) -> dict[str, Any]:
@@ -57,8 +79,7 @@ class Frontend:
         import zmq.asyncio
 
         self._actx = zmq.asyncio.Context()
-        self._inbox = self._actx.socket(zmq.PULL)
-        self._inbox.bind(self.addrs.frontend)
+        self._inbox = bind_inbox(self._actx, self.addrs.frontend)
         # a plain (blocking-API) socket: aborts are sent from `finally` blocks of cancelled streams,
         # where nothing can be awaited; no high-water mark, so a send never blocks
         self._sctx = zmq.Context()
@@ -66,10 +87,13 @@ class Frontend:
         self._out.setsockopt(zmq.SNDHWM, 0)
         self._out.connect(self.addrs.tokenizer)
         self._task = asyncio.create_task(self._recv_loop())
+        self._task.add_done_callback(self._recv_loop_ended)
+        self._pinger = asyncio.create_task(self._ping_loop())
 
     def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._pinger):
+            if task is not None:
+                task.cancel()
         for sock in (getattr(self, "_inbox", None), getattr(self, "_out", None)):
             if sock is not None:
                 sock.close(linger=0)
@@ -79,11 +103,48 @@ class Frontend:
 
     async def _recv_loop(self) -> None:
         while True:
-            msg = decode(await self._inbox.recv())
-            try:
-                self._dispatch(msg)
-            except Exception:
-                logger.exception("cannot route %s", type(msg).__name__)
+            msg = self.reader.read(await self._inbox.recv())
+            if msg is not None:
+                try:
+                    self._dispatch(msg)
+                except Exception as e:
+                    self.reader.drop(f"cannot route {type(msg).__name__}: {type(e).__name__}: {e}")
+            # recv() does not suspend while frames are waiting: let HTTP requests (and a shutdown)
+            # run between two frames, or a flood would starve them
+            await asyncio.sleep(0)
+
+    def _recv_loop_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled():  # it never returns: it failed, and every reply would be lost
+            logger.error("the API server stopped receiving replies: %r", task.exception())
+            self.fail_all(f"the API server stopped receiving replies ({task.exception()!r})")
+
+    async def _ping_loop(self) -> None:
+        await self.ready.wait()
+        while True:
+            await asyncio.sleep(PING_EVERY_S)
+            if self._ping_sent is None:
+                self._ping_seq += 1
+                self._ping_sent = time.monotonic()
+                self._out.send(encode(PingMsg(self._ping_seq)))
+
+    def health(self) -> str | None:
+        """Why the server cannot serve now (None: it can)."""
+        if self.failure is not None:
+            return self.failure
+        if not self.ready.is_set():
+            return "the model is loading"
+        now, sent = time.monotonic(), self._ping_sent
+        if sent is None or now - sent <= self.health_timeout:
+            return None
+        busy_at, step_s = self._busy
+        if now - busy_at <= self.health_timeout:  # the scheduler is alive, inside one long step
+            if step_s <= MAX_STEP_S:
+                return None
+            return f"the scheduler has been inside one step for {step_s:.0f} s (limit {MAX_STEP_S:.0f} s): hung?"
+        return (
+            f"no heartbeat from the engine for {now - sent:.1f} s (--health-timeout {self.health_timeout:g}): "
+            "a worker process (tokenizer, scheduler or detokenizer) is stopped or hung"
+        )
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, BatchReplyMsg):
@@ -104,8 +165,11 @@ class Frontend:
             logger.info("%s is ready", msg.who)
             if READY_PARTS <= set(self.workers):
                 self.ready.set()
-        else:
-            logger.warning("unexpected message %s", type(msg).__name__)
+        elif isinstance(msg, PingMsg):
+            if msg.seq == self._ping_seq:
+                self._ping_sent = None
+        elif isinstance(msg, BusyMsg):
+            self._busy = (time.monotonic(), msg.step_s)
 
     def check_ready(self) -> None:
         if self.failure is not None:
@@ -114,7 +178,11 @@ class Frontend:
             raise ApiError(503, "the model is still loading; retry when GET /health answers 200")
 
     def new_uid(self) -> int:
-        return next(self._uids)
+        """A request id nobody can guess (63 random bits: an int64 everywhere), not one in use."""
+        while True:
+            uid = secrets.randbits(63)
+            if uid and uid not in self.routes and uid not in self.stats_waiters:
+                return uid
 
     def submit(self, msgs: list[TokenizeMsg], queue: asyncio.Queue) -> None:
         for m in msgs:

@@ -7,6 +7,9 @@ refusal), so bad input always gets a proper 4xx, even on a stream.
 Stop *strings* are applied here, on the text (stop *token ids* are the scheduler's job): text
 that might be the start of a stop string is held back until it is known not to be one, and a
 sequence that hits one is aborted in the scheduler.
+
+With ``--request-timeout`` (``Frontend.request_timeout``), a request still unfinished that many
+seconds after it was submitted is aborted: a 504 before a stream begins, an error event after.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class Generation:
         self.by_uid = {s.uid: s for s in self.seqs}
         self._getter: asyncio.Future | None = None
         self._gone: asyncio.Future | None = None  # done when the client disconnects
+        self._deadline: float | None = None  # monotonic; set when submitted, if there is a timeout
         self.created = int(time.time())
 
     @property
@@ -110,6 +114,8 @@ class Generation:
 
     async def start(self, request: Request | None) -> None:
         """Submit, and wait until every sequence has produced something (or raise its error)."""
+        if self.fe.request_timeout is not None:
+            self._deadline = time.monotonic() + self.fe.request_timeout
         self.fe.submit(self.msgs, self.queue)
         try:
             while not all(s.started for s in self.seqs):
@@ -149,6 +155,9 @@ class Generation:
         return seq
 
     async def _next(self, request: Request | None) -> Any:
+        left = None if self._deadline is None else self._deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise self._timed_out()
         if self._getter is None:
             if not self.queue.empty():
                 return self.queue.get_nowait()
@@ -160,11 +169,18 @@ class Generation:
             if self._gone is None:
                 self._gone = asyncio.ensure_future(_client_gone(request))
             waits.add(self._gone)
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         if self._getter.done():
             item, self._getter = self._getter.result(), None
             return item
-        raise ClientDisconnected()
+        if self._gone is not None and self._gone.done():
+            raise ClientDisconnected()
+        raise self._timed_out()
+
+    def _timed_out(self) -> ApiError:
+        # the caller's `finally` (close) aborts the sequences still running
+        msg = f"the request did not finish within {self.fe.request_timeout:g} s (--request-timeout); it was aborted"
+        return ApiError(504, msg, code="request_timeout")
 
     def stop_watching(self) -> None:
         """Stop listening for the client leaving (a streaming response listens by itself)."""

@@ -16,7 +16,8 @@ Lifecycle, and what guarantees it:
 - A child that dies (crash, OOM kill, failed start-up) is noticed within ~0.2 s: its requests get a
   503, the server logs which process died and how, stops the others and exits with code 1.
 - The launcher killed outright (SIGKILL) cannot clean up: the children notice their parent is
-  gone and exit by themselves (``minisgl.process``).
+  gone and exit by themselves (``minisgl.process``); the private folder of the ZMQ sockets stays
+  behind until the next server of the same user starts (``minisgl.server.ipc``).
 - Slow or silent clients cannot use up the open files: each request must arrive within
   ``--request-read-timeout`` and the connections are capped (``connections``).
 """
@@ -27,13 +28,10 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
-import os
-import secrets
 import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -41,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from minisgl.message import Addresses
 from minisgl.process import free_port, setup_logging
 from minisgl.server.args import ServerArgs
+from minisgl.server.ipc import make_socket_folder
 
 if TYPE_CHECKING:
     from minisgl.server.connections import ConnectionLimits
@@ -164,7 +163,7 @@ async def _serve(
     from minisgl.server.app import create_app
     from minisgl.server.connections import KEEP_ALIVE_S, guarded_protocol, limit_resource_errors
 
-    app = create_app(addrs, args.api_key, args.max_sequences_per_request)
+    app = create_app(addrs, args.api_key, args.max_sequences_per_request, args.request_timeout, args.health_timeout)
     app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats
     fe = app.state.frontend
     config = uvicorn.Config(
@@ -193,17 +192,6 @@ async def _serve(
     return state["code"]
 
 
-def _socket_dir() -> str | None:
-    """A folder for the ZMQ sockets, or None on Linux (abstract sockets need none)."""
-    if sys.platform.startswith("linux"):
-        return None
-    folder = tempfile.mkdtemp(prefix="minisgl-")
-    if len(folder) > 80 and os.path.isdir("/tmp"):  # unix socket paths are limited to ~107 bytes
-        os.rmdir(folder)
-        folder = tempfile.mkdtemp(prefix="minisgl-", dir="/tmp")
-    return folder
-
-
 def _stop_on_sigterm(sig, frame) -> None:
     raise SystemExit(0)  # runs the `finally` below, which stops the children
 
@@ -230,8 +218,9 @@ def launch(args: ServerArgs) -> int:
     limits = plan_connections(args.max_connections, args.request_read_timeout)
     sock = bind_socket(args.host, args.port, limits.backlog)
     args.port = sock.getsockname()[1]
-    folder = _socket_dir()
-    addrs = Addresses.under(folder or f"@minisgl-{os.getpid()}-{secrets.token_hex(4)}")
+    folder = make_socket_folder()  # only this user can enter it: see minisgl.server.ipc
+    addrs = Addresses.under(folder)
+    logger.debug("ZMQ sockets in %s", folder)
     old_term = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     procs: list[mp.Process] = []
     try:
@@ -242,7 +231,6 @@ def launch(args: ServerArgs) -> int:
     finally:
         stop_workers(procs)
         sock.close()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
         signal.signal(signal.SIGTERM, old_term)
         logger.info("stopped")

@@ -19,11 +19,11 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request):
-    fe = frontend_of(request)
-    if fe.failure is not None:
-        return error_response(503, fe.failure)
-    if not fe.ready.is_set():
-        return error_response(503, "the model is loading")
+    """200 while every worker answers its heartbeat; 503 (saying why) while loading, stopping, or
+    when a worker is stopped or hung (``Frontend.health``)."""
+    problem = frontend_of(request).health()
+    if problem is not None:
+        return error_response(503, problem)
     return {"status": "ok"}
 
 

@@ -5,13 +5,18 @@ One process per tensor-parallel rank. Rank 0 alone talks ZMQ and reports tokens;
 (``minisgl/scheduler/replicated.py``), exactly as ``LLM(tp_size=N)`` does offline.
 
 Loop: take every waiting message (block only while there is nothing to run), apply them, run one
-step, send its tokens to the detokenizer.
+step, send its tokens to the detokenizer. A malformed frame, or a message that fails to apply, is
+dropped and logged (``minisgl.server.ipc``): the loop never dies of its input. While one step runs
+for more than half a second (a long prefill, a first-time kernel compile), a thread says so twice a
+second (``BusyMsg``), so that ``/health`` tells a busy scheduler from a hung one.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from typing import Any
 
 from minisgl.core import RequestError
@@ -20,23 +25,28 @@ from minisgl.message import (
     AbortMsg,
     Addresses,
     BatchTokenMsg,
+    BusyMsg,
     ErrorMsg,
     GenerateMsg,
+    PingMsg,
     ReadyMsg,
     StatsMsg,
     StatsReqMsg,
     TokenMsg,
-    decode,
     encode,
 )
 from minisgl.process import setup_child
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.replicated import ReplicatedScheduler, follow
 from minisgl.scheduler.warmup import warm_up
+from minisgl.server.ipc import MsgReader, bind_inbox
 
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500  # an idle scheduler still wakes up this often
+MAX_MSGS_PER_STEP = 256  # messages taken between two steps (the rest wait for the next)
+BUSY_EVERY_S = 0.5  # the busy thread reports every this often, once a step has run this long
+ACCEPTS = (GenerateMsg, AbortMsg, StatsReqMsg, ReadyMsg, PingMsg)  # from the tokenizer
 
 
 class SchedulerWorker:
@@ -49,11 +59,13 @@ class SchedulerWorker:
         self.tp_size = self.config.tp_size
         self.reqs: dict[int, Any] = {}  # uid -> Req, while the request lives (for its prompt counts)
         self.finished = self.aborted = self.rejected = 0
-        ctx = zmq.Context()
-        self.inbox = ctx.socket(zmq.PULL)
-        self.inbox.bind(addrs.scheduler)
+        self.reader = MsgReader("scheduler", ACCEPTS)
+        self.step_started: float | None = None  # monotonic time, while inside sched.step()
+        self.ctx = ctx = zmq.Context()
+        self.inbox = bind_inbox(ctx, addrs.scheduler)
         self.outbox = ctx.socket(zmq.PUSH)
         self.outbox.connect(addrs.detokenizer)
+        self.addrs = addrs
 
     def info(self) -> dict[str, Any]:
         from minisgl.models.embedded import EMBEDDED_NAME
@@ -105,11 +117,16 @@ class SchedulerWorker:
         msgs: list[Any] = []
         timeout = 0 if self.sched.has_work else IDLE_POLL_MS
         if self.inbox.poll(timeout):
-            while True:
+            # at most MAX_MSGS_PER_STEP: a flood that arrives as fast as it is read must not keep
+            # the running requests from ever stepping again
+            for _ in range(MAX_MSGS_PER_STEP):
                 try:
-                    msgs.append(decode(self.inbox.recv(zmq.NOBLOCK)))
+                    frame = self.inbox.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                msg = self.reader.read(frame)
+                if msg is not None:
+                    msgs.append(msg)
         return msgs
 
     def _send(self, msg: Any) -> None:
@@ -138,18 +155,38 @@ class SchedulerWorker:
         elif isinstance(msg, ReadyMsg):  # the tokenizer's, on its way to the API server
             self.sched.add_eos_ids(msg.info.get("eos_ids", ()))  # as LLM does with its tokenizer
             self._send(msg)
-        else:
-            logger.warning("ignoring unexpected message %s", type(msg).__name__)
+        elif isinstance(msg, PingMsg):  # the API server's heartbeat, on its way back
+            self._send(msg)
+
+    def _report_busy(self) -> None:
+        """Thread: every BUSY_EVERY_S, if one step has run that long, say so (on its own socket:
+        a ZMQ socket belongs to one thread)."""
+        import zmq
+
+        out = self.ctx.socket(zmq.PUSH)
+        out.connect(self.addrs.detokenizer)  # through the detokenizer: it proves that one alive too
+        while True:
+            time.sleep(BUSY_EVERY_S)
+            started = self.step_started  # one read: the main thread may reset it meanwhile
+            if started is not None and time.monotonic() - started >= BUSY_EVERY_S:
+                out.send(encode(BusyMsg(time.monotonic() - started)))
 
     def run(self) -> None:
         self._send(ReadyMsg("scheduler", self.info()))
         logger.info("scheduler ready: %s", self.info())
+        threading.Thread(target=self._report_busy, name="busy-reporter", daemon=True).start()
         while True:
             out: list[TokenMsg] = []
             for msg in self._recv():
-                self._apply(msg, out)
+                try:
+                    self._apply(msg, out)
+                except Exception as e:  # well-formed, yet it cannot apply (e.g. ReadyMsg.info with bad eos_ids)
+                    self.reader.drop(f"{type(msg).__name__} failed to apply: {type(e).__name__}: {e}")
             if self.sched.has_work:
-                for ev in self.sched.step():
+                self.step_started = time.monotonic()
+                events = self.sched.step()
+                self.step_started = None
+                for ev in events:
                     req = self.reqs.get(ev.uid)
                     if req is None:  # aborted meanwhile (the scheduler drops those; belt and braces)
                         continue

@@ -2,21 +2,34 @@
 
 Input it cannot turn into a prompt (no chat template, a tokenizer error) is refused here with an
 ``ErrorMsg`` straight to the API server; everything else it does not handle (aborts, stats
-requests) is forwarded to the scheduler unchanged, in order. Its ``ReadyMsg`` carries the
+requests, pings) is forwarded to the scheduler unchanged, in order. Its ``ReadyMsg`` carries the
 tokenizer's EOS ids to the scheduler (which then need not load the tokenizer itself: that costs
-seconds at start-up).
+seconds at start-up). A malformed frame is dropped (``minisgl.server.ipc``).
 """
 
 from __future__ import annotations
 
 import logging
 
-from minisgl.message import Addresses, ErrorMsg, GenerateMsg, ReadyMsg, TokenizeMsg, decode, encode
+from minisgl.message import (
+    AbortMsg,
+    Addresses,
+    ErrorMsg,
+    GenerateMsg,
+    PingMsg,
+    ReadyMsg,
+    StatsReqMsg,
+    TokenizeMsg,
+    encode,
+)
 from minisgl.models.resolve import resolve_model
 from minisgl.process import setup_child
+from minisgl.server.ipc import MsgReader, bind_inbox
 from minisgl.tokenizer import eos_token_ids, load_tokenizer, tokenize
 
 logger = logging.getLogger(__name__)
+
+ACCEPTS = (TokenizeMsg, AbortMsg, StatsReqMsg, PingMsg)  # from the API server
 
 
 def start_text_worker(name: str, model: str | None, dummy_weight: bool, inbox_addr: str, log_level: str):
@@ -29,8 +42,7 @@ def start_text_worker(name: str, model: str | None, dummy_weight: bool, inbox_ad
     path, _ = resolve_model(model, dummy_weight)
     tokenizer = load_tokenizer(path)
     ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.bind(inbox_addr)
+    inbox = bind_inbox(ctx, inbox_addr)
 
     def push(addr: str):
         sock = ctx.socket(zmq.PUSH)
@@ -43,13 +55,16 @@ def start_text_worker(name: str, model: str | None, dummy_weight: bool, inbox_ad
 def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_level: str) -> None:
     """Process entry point."""
     tokenizer, inbox, push = start_text_worker("tokenizer", model, dummy_weight, addrs.tokenizer, log_level)
+    reader = MsgReader("tokenizer", ACCEPTS)
     to_scheduler, to_frontend = push(addrs.scheduler), push(addrs.frontend)
     # to the scheduler, which takes the tokenizer's EOS ids from it and passes it on: the message
     # reaches the API server through every stage, and before any request (same pipes, in order)
     to_scheduler.send(encode(ReadyMsg("tokenizer", {"eos_ids": sorted(eos_token_ids(tokenizer))})))
     logger.info("tokenizer ready")
     while True:
-        msg = decode(inbox.recv())
+        msg = reader.read(inbox.recv())
+        if msg is None:
+            continue
         if not isinstance(msg, TokenizeMsg):
             to_scheduler.send(encode(msg))
             continue

@@ -5,6 +5,7 @@ subprocess, its exit code, output, time and the results.json it wrote."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ class Run:
     stderr: str
     seconds: float
     results: dict | None  # the --json file
+    cpu_seconds: float = 0.0  # of the finished child processes; right only when no other run overlaps
 
     def tests(self) -> dict[str, dict]:
         return {t["name"]: t for t in self.results["tests"]}
@@ -31,10 +33,12 @@ class Run:
 
 
 def run(cmd: list[str], env: dict, json_path: Path | None = None, cwd: Path = REPO) -> Run:
-    start = time.monotonic()
+    start, cpu = time.monotonic(), os.times()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     results = json.loads(json_path.read_text()) if json_path is not None and json_path.exists() else None
-    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, results)
+    end = os.times()
+    used = end.children_user + end.children_system - cpu.children_user - cpu.children_system
+    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, results, used)
 
 
 def grade(args: list[str], env: dict, tmp: Path, key: str) -> Run:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,8 +98,12 @@ def test_its_test_command_passes_there(student_edition):
     gen = run([sys.executable, "-m", "autograder.generate"], env, cwd=student_edition)
     assert gen.returncode == 2 and "student edition" in gen.stdout, gen.explain()
     assert lab.read_text().endswith(STUDENT_WORK), "generate must not touch labs/ in the student edition"
+    # the README's test command, after its install steps (the last `&&`): python -m pytest
+    readme = (student_edition / "README.md").read_text()
+    command = re.search(r"<!-- test-command -->\n```bash\n(.*?)\n```", readme, re.S).group(1).split("&&")[-1].split()
+    assert command[:3] == ["python", "-m", "pytest"], f"the student edition's README test command: {command}"
     notebook = f"tests/test_notebooks.py::test_notebook_runs[{NOTEBOOKS[0].stem}]"
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, *command[1:], "-x", "-q", "-p", "no:cacheprovider"]
     cmd += ["tests/test_labs_generated.py", "tests/test_grading.py", notebook]
     out = run(cmd, env, cwd=student_edition)
     assert out.returncode == 0, f"the student edition's tests fail there:\n{out.explain()}"

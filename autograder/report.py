@@ -56,7 +56,7 @@ def _listed(names: list[str], room: int) -> str:
     return out
 
 
-def summary_line(tests: list[dict], width: int = WIDTH) -> str:
+def summary_line(tests: list[dict], width: int = 120) -> str:
     """``lab01  37/100  3 of 14 tests failing: rms_norm_fixed, ...`` for one lab's records (the
     student edition adds ``(+10 hidden)``: points it cannot grade)."""
     score, total = lab_score(tests)

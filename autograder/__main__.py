@@ -1,7 +1,9 @@
-"""``python -m autograder [LAB ...] [--impl labs|solutions|PATH] [--json PATH]``
+"""``python -m autograder [LAB ...] [--impl labs|PATH] [--json PATH] [--no-hidden]``
 
-Grades each lab by running its pytest file (``autograder/test_labNN_*.py``) in a subprocess with
-the autograder plugin (every test forked, under a time limit), then prints a table per lab.
+Grades each lab by running its pytest files (``autograder/test_labNN_*.py``, and the hidden tests in
+``autograder/hidden/`` where that folder exists: the instructor's edition) in a subprocess with the
+autograder plugin (every test forked, under a time limit), then prints one summary line per lab
+(score, and which tests still fail) followed by a table per lab.
 
 Exit code: 0 every test passed, 1 some test failed, 2 the grader could not run (unknown lab,
 missing folder, broken test files).
@@ -21,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autograder import impl, report
+from autograder.points import HIDDEN_DIR
 
 HERE = Path(__file__).resolve().parent
 _TEST = re.compile(r"^test_(lab(\d\d)_[a-z0-9_]+)\.py$")
@@ -60,7 +63,22 @@ def pick_labs(names: list[str], folder: Path) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def grade_lab(stem: str, folder: Path, timeout: float | None, verbose: bool, select: str | None = None) -> dict:
+def lab_test_files(stem: str, hidden: bool) -> list[Path]:
+    """The lab's visible test file, and with ``hidden`` its hidden one. In the instructor's edition
+    (``autograder/hidden/`` exists) every lab must have one: its points complete the lab's 100."""
+    files = [HERE / f"test_{stem}.py"]
+    if hidden and HIDDEN_DIR.is_dir():
+        extra = HIDDEN_DIR / f"test_{stem}.py"
+        if not extra.exists():
+            where = extra.relative_to(HERE.parent)
+            raise GraderError(f"{stem} has no hidden tests: write {where} (see autograder/README.md)")
+        files.append(extra)
+    return files
+
+
+def grade_lab(
+    stem: str, folder: Path, timeout: float | None, verbose: bool, select: str | None = None, hidden: bool = True
+) -> dict:
     """Run one lab's tests in a pytest subprocess; return its results file as a dict."""
     with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
         results = Path(tmp) / "results.json"
@@ -68,7 +86,7 @@ def grade_lab(stem: str, folder: Path, timeout: float | None, verbose: bool, sel
             sys.executable,
             "-m",
             "pytest",
-            str(HERE / f"test_{stem}.py"),
+            *map(str, lab_test_files(stem, hidden)),
             "-s",
             "-q",
             "-p",
@@ -92,7 +110,8 @@ def grade_lab(stem: str, folder: Path, timeout: float | None, verbose: bool, sel
         )
         if verbose:
             print(proc.stdout[-20000:], proc.stderr[-5000:], sep="\n")
-        if not results.exists():
+        # pytest's exit codes 2..4: interrupted, internal error, usage error (bad @points totals...)
+        if not results.exists() or proc.returncode in (2, 3, 4):
             tail = "\n".join((proc.stdout + proc.stderr).strip().split("\n")[-25:])
             raise GraderError(f"pytest could not run the tests of {stem} (exit code {proc.returncode}):\n{tail}")
         data = json.loads(results.read_text())
@@ -106,8 +125,11 @@ def grade_lab(stem: str, folder: Path, timeout: float | None, verbose: bool, sel
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m autograder", description="Grade the course labs.")
     ap.add_argument("labs", nargs="*", help="labs to grade (lab01, 06, lab06_radix_cache); default: all found")
-    ap.add_argument("--impl", default="labs", help="folder of lab files: labs (default), solutions, or a path")
+    ap.add_argument("--impl", default="labs", help="folder of lab files to grade (default labs/, or any path)")
     ap.add_argument("--json", metavar="PATH", help="also write Gradescope's results.json here")
+    ap.add_argument(
+        "--no-hidden", dest="hidden", action="store_false", help="leave out autograder/hidden/ (what students run)"
+    )
     ap.add_argument("--timeout", type=float, help="cap every test's time limit (seconds)")
     ap.add_argument(
         "-k", dest="select", metavar="EXPR", help="only tests matching EXPR (pytest -k); scores count those"
@@ -122,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             raise GraderError(f"{args.impl!r} is not a folder (looked for {folder})")
         stems = pick_labs(args.labs, folder)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            runs = list(pool.map(lambda s: grade_lab(s, folder, args.timeout, args.verbose, args.select), stems))
+            runs = list(
+                pool.map(lambda s: grade_lab(s, folder, args.timeout, args.verbose, args.select, args.hidden), stems)
+            )
     except GraderError as e:
         print(f"autograder: {e}", file=sys.stderr)
         return 2
@@ -131,14 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autograder: no test matches -k {args.select!r}", file=sys.stderr)
         return 2
     shown = os.path.relpath(folder) if not os.path.relpath(folder).startswith("..") else str(folder)
-    tables = [report.format_lab_table(stem, ts, shown) for stem, ts in report.group_by_lab(tests).items()]
+    by_lab = report.group_by_lab(tests)
+    summary = [report.summary_line(ts) for ts in by_lab.values()]
+    tables = [report.format_lab_table(stem, ts, shown) for stem, ts in by_lab.items()]
     score, total = report.lab_score(tests)
-    summary = f"total: {score:g} / {total:g}"
-    print("\n\n".join(tables + [summary]))
+    print("\n".join(summary), *tables, f"total: {score:g} / {total:g}", sep="\n\n")
     if all(t["message"].startswith("not implemented yet") for t in tests):
         print("(every lab starts red: fill in the NotImplementedError parts of the lab file, then grade again)")
     if args.json:
-        out = report.gradescope(tests, time.monotonic() - start, "\n\n".join(tables + [summary]))
+        out = report.gradescope(tests, time.monotonic() - start, shown)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0 if all(t["outcome"] == "passed" for t in tests) else 1

@@ -1,8 +1,8 @@
 """Where the graded lab files live and how a lab module is loaded from there.
 
 The folder comes from ``$MINISGL_LAB_IMPL`` (set by the pytest plugin from ``--impl``); default
-``labs/``. A lab module is imported from its file path under a private name, so a student's
-``labs/`` and the instructor's ``solutions/`` never shadow each other.
+``labs/``. A lab module is imported from its file path under a private name, so two graded folders
+(a student's ``labs/`` and a reference copy) never shadow each other.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ _loaded: dict[Path, ModuleType] = {}
 
 
 def resolve_folder(name: str | os.PathLike | None) -> Path:
-    """``labs``, ``solutions`` or any path; relative names are tried from the current directory,
-    then from the repository root."""
+    """``labs`` or any path; relative names are tried from the current directory, then from the
+    repository root."""
     path = Path(name or "labs").expanduser()
     if not path.is_absolute() and not path.exists() and (REPO / path).exists():
         path = REPO / path

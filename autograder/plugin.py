@@ -1,8 +1,9 @@
 """The autograder's pytest hooks (wired in by ``autograder/conftest.py``); each concern lives in
 its own module:
 
-* ``points.py``: ``@points(n)`` / ``@engine`` and the per-test metadata; the tests of one lab file
-  must total 100, or a graded run (``--ag-results``) refuses to start.
+* ``points.py``: ``@points(n)`` / ``@engine`` and the per-test metadata (points, visibility); a
+  lab's visible tests and its hidden ones (``autograder/hidden/``) must total 90 and 10, or a graded
+  run (``--ag-results``) refuses to start.
 * ``runner.py``: with ``--ag-isolate`` (what ``python -m autograder`` uses; needs ``-s``) each test
   runs in a forked child, so a hang, a crash or a flood of prints fails only that test.
 * ``explain.py``: each failure gets a short explanation for the student (``ag_message``).
@@ -27,7 +28,7 @@ from autograder.runner import OUTPUT_LIMIT, run_forked
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("autograder")
-    group.addoption("--impl", default=None, help="folder of lab files to grade: labs (default), solutions or a path")
+    group.addoption("--impl", default=None, help="folder of lab files to grade (default labs/, or any path)")
     group.addoption("--ag-isolate", action="store_true", help="run each test in a forked process (needs -s)")
     group.addoption("--ag-results", default=None, help="write per-test results (JSON) to this file")
     group.addoption("--ag-timeout", type=float, default=None, help="cap every test's time limit (seconds)")

@@ -1,6 +1,6 @@
-"""Collecting results: one record per collected lab test (outcome, message, output, duration),
-written to ``--ag-results PATH`` as JSON for ``python -m autograder`` to turn into scores, or printed
-as a score table per lab after a plain ``pytest autograder`` run."""
+"""Collecting results: one record per collected lab test (outcome, message, output, duration,
+visibility), written to ``--ag-results PATH`` as JSON for ``python -m autograder`` to turn into
+scores, or printed as a score table per lab after a plain ``pytest autograder`` run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autograder.explain import trim
-from autograder.points import item_doc, item_points, lab_of, short_name
+from autograder.points import item_doc, item_points, item_visibility, lab_of, short_name
 
 
 class Results:
@@ -27,7 +27,8 @@ class Results:
             lab = lab_of(item)
             if lab is not None:
                 meta = dict(lab=lab[0], stem=lab[1], name=short_name(item), doc=item_doc(item))
-                self.collected.append(dict(nodeid=item.nodeid, **meta, points=item_points(item)[0]))
+                meta.update(points=item_points(item)[0], visibility=item_visibility(item))
+                self.collected.append(dict(nodeid=item.nodeid, **meta))
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:

@@ -50,7 +50,7 @@ def expect_sizes(cache, evictable: int, protected: int, after: str) -> None:
 
 
 # ---- fixed cases ------------------------------------------------------------------------------------
-@points(4)
+@points(2)
 def test_empty_cache():
     """An empty cache matches nothing, holds nothing, and evict(0) is safe."""
     cache = lab.make_cache(1)
@@ -60,7 +60,7 @@ def test_empty_cache():
     cache.check_integrity()
 
 
-@points(10)
+@points(8)
 def test_insert_then_match():
     """After one insert, match_prefix finds every prefix of it, and stops where a query diverges."""
     cache = lab.make_cache(1)
@@ -96,7 +96,7 @@ def test_insert_returns_cached_prefix():
     cache.check_integrity()
 
 
-@points(10)
+@points(8)
 def test_match_splits_node():
     """A match that ends inside a node splits it, so locking protects only the matched tokens."""
     cache = lab.make_cache(1)
@@ -160,7 +160,7 @@ def test_lock_unlock_refcounts():
         pytest.fail("unlock() of a prefix that is not locked must raise RuntimeError")
 
 
-@points(10)
+@points(8)
 def test_evict_lru_order():
     """evict frees the least recently used leaf first; a match makes a sequence recent again."""
     cache = lab.make_cache(1)
@@ -342,7 +342,7 @@ def shrink(page_size: int, ops: list) -> list:
     return ops
 
 
-@points(12)
+@points(10)
 def test_random_operations_match_reference():
     """Random insert / match / lock / unlock / evict sequences (page sizes 1, 2, 4) give the same
     results and sizes as the engine's RadixPrefixCache, and check_integrity() holds throughout."""

@@ -23,6 +23,8 @@ Contract, beyond ``base.py`` (the grader compares every result with the engine's
 * **LRU clock.** ``match_prefix`` and ``insert`` stamp every node on the path from the deepest
   node they reached up to the root with a fresh clock value (``touch``); ``insert`` then stamps
   the new leaf with another fresh value.
+* **Ownership.** ``insert`` keeps its own copy of the slots it takes: the caller goes on using the
+  tensor it passed (the engine reuses a request's page-table row), so a slice of it would change.
 * **Eviction.** ``evict(n)`` removes unlocked leaves, oldest ``last_access`` first; a parent
   left with no children and ``ref == 0`` becomes a candidate too. Stop as soon as at least ``n``
   slots are freed and return the freed slots (int64). ``n <= 0`` frees nothing; ``n`` larger than

@@ -45,6 +45,17 @@ def tiny_model(request, tiny_llama, tiny_qwen3) -> Path:
 
 
 @pytest.fixture(scope="session")
+def grading_env(tiny_llama, tiny_qwen3) -> dict:
+    """The environment of a grading subprocess: the session's tiny models, one thread each."""
+    return {
+        **os.environ,
+        "MINISGL_AUTOGRADER_TINY_LLAMA": str(tiny_llama),
+        "MINISGL_AUTOGRADER_TINY_QWEN3": str(tiny_qwen3),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+@pytest.fixture(scope="session")
 def embedded_path() -> Path:
     from minisgl.models.embedded import embedded_model_path
 

@@ -1,7 +1,9 @@
-"""The autograder, graded: the solutions score 100, the untouched stubs score 0 (quickly), every
-mutant (tests/mutants/) loses points in the tests it should, a misbehaving submission (infinite
-loop, sys.exit, segfault, os._exit, megabytes of prints) loses only those tests, and the
-command line's exit codes and Gradescope JSON have the promised shape.
+"""The autograder, graded (instructor-only: it needs solutions/ and tests/mutants/): the solutions
+score 100 with the hidden tests, every mutant (tests/mutants/) loses points in the tests it should,
+every hidden-test mutant (tests/mutants/hidden.py) fails the hidden tests it should, a misbehaving
+submission (infinite loop, sys.exit, segfault, os._exit, megabytes of prints) loses only those
+tests, and the Gradescope JSON has the promised shape. The stubs and the exit codes, which need no
+solutions, are graded in test_grading.py (it runs in the student edition too).
 
 All grading runs start together on a pool of two workers (the machine has two cores); the
 tests then read their results. The tiny models come from conftest's session fixtures.
@@ -9,84 +11,47 @@ tests then read their results. The tiny models come from conftest's session fixt
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+from grading import Run, grade, run
 from mutants import all_mutants
+from mutants.hidden import HIDDEN_MUTANTS
 from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MISBEHAVING
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.instructor
+
 LABS = ("lab01_decoder", "lab06_radix_cache")
 MUTANTS = all_mutants()
 
 
-@dataclass
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-    results: dict | None  # the --json file
-
-    def tests(self) -> dict[str, dict]:
-        return {t["name"]: t for t in self.results["tests"]}
-
-    def explain(self) -> str:
-        out, err = self.stdout[-6000:], self.stderr[-3000:]
-        return f"exit code {self.returncode}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
-
-
-def _run(cmd: list[str], env: dict, json_path: Path | None) -> Run:
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-    results = json.loads(json_path.read_text()) if json_path is not None and json_path.exists() else None
-    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, results)
-
-
-def grade(args: list[str], env: dict, tmp: Path, key: str) -> Run:
-    path = tmp / f"{key.replace(':', '_')}.json"
-    return _run([sys.executable, "-m", "autograder", *args, "--json", str(path)], env, path)
-
-
 @pytest.fixture(scope="module")
-def env(tiny_llama, tiny_qwen3) -> dict:
-    return {
-        **os.environ,
-        "MINISGL_AUTOGRADER_TINY_LLAMA": str(tiny_llama),
-        "MINISGL_AUTOGRADER_TINY_QWEN3": str(tiny_qwen3),
-        "OMP_NUM_THREADS": "1",
-    }
-
-
-@pytest.fixture(scope="module")
-def runs(env, tmp_path_factory) -> dict[str, Run]:
+def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
     tmp = tmp_path_factory.mktemp("grading")
     quick = ["-k", "not embedded"]  # the embedded-model swap-in runs once, for the solutions
     jobs: dict[str, list[str]] = {
         "solutions": ["--impl", "solutions"],
-        "stubs": [],
-        "misbehaving": ["lab01", "--impl", str(MISBEHAVING.write(tmp / "misbehaving")), "--timeout", "4", *quick],
     }
+    # visible tests only: the isolation cases are about them (mutants/isolation.py lists them)
+    misbehaving = str(MISBEHAVING.write(tmp / "misbehaving"))
+    jobs["misbehaving"] = ["lab01", "--impl", misbehaving, "--timeout", "4", "--no-hidden", *quick]
     for m in MUTANTS:
         jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), *quick]
+    for m in HIDDEN_MUTANTS:  # only the hidden tests it must fail: a few seconds each
+        only = " or ".join(sorted({name.split("[")[0] for name in m.must_fail}))
+        jobs[f"hidden:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / f"hidden-{m.name}")), "-k", only]
     direct = [sys.executable, "-m", "pytest", "autograder", "-k", "lab06 and not engine", "--impl", "solutions"]
     direct += ["-q", "-p", "no:cacheprovider"]
     with ThreadPoolExecutor(2) as pool:
-        futures = {key: pool.submit(grade, args, env, tmp, key) for key, args in jobs.items()}
-        futures["direct"] = pool.submit(_run, direct, env, None)
+        futures = {key: pool.submit(grade, args, grading_env, tmp, key) for key, args in jobs.items()}
+        futures["direct"] = pool.submit(run, direct, grading_env)
         done = {key: f.result() for key, f in futures.items()}
     print("grading runs (s):", {key: round(r.seconds, 1) for key, r in done.items()})
     return done
 
 
-# ---- solutions and stubs ----------------------------------------------------------------------------
+# ---- solutions ----------------------------------------------------------------------------
 def test_solutions_score_full(runs):
     run = runs["solutions"]
     assert run.results is not None, f"the grader wrote no results.json for the solutions\n{run.explain()}"
@@ -96,18 +61,10 @@ def test_solutions_score_full(runs):
     assert run.returncode == 0, f"everything passed, so the exit code must be 0\n{run.explain()}"
     for stem in LABS:
         assert f"{stem}  (solutions)" in run.stdout, f"no table for {stem} in the output\n{run.explain()}"
-
-
-def test_stubs_score_zero_and_finish_quickly(runs):
-    run = runs["stubs"]
-    assert run.results is not None, f"the grader wrote no results.json for labs/\n{run.explain()}"
-    passing = [n for n, t in run.tests().items() if t["status"] == "passed"]
-    assert not passing, f"untouched stubs must score 0, but these tests pass on labs/: {passing}"
-    not_stub = {n: t["output"] for n, t in run.tests().items() if "not implemented yet" not in t["output"]}
-    assert not not_stub, f"every stub failure should say 'not implemented yet' (the student's hint): {not_stub}"
-    assert run.returncode == 1, f"failed tests must give exit code 1\n{run.explain()}"
-    assert run.seconds < 90, f"grading the stubs took {run.seconds:.0f} s; a stub must fail fast (hypothesis search?)"
-    assert "every lab starts red" in run.stdout
+    summary = run.stdout.split("\n\n")[0].split("\n")
+    assert [line.split()[:2] for line in summary] == [["lab01", "100/100"], ["lab06", "100/100"]], summary
+    hidden = [n for n, t in run.tests().items() if t["visibility"] != "visible"]
+    assert {n.split(":")[0] for n in hidden} == {"lab01", "lab06"}, f"every lab has hidden tests, graded here: {hidden}"
 
 
 # ---- mutants ----------------------------------------------------------------------------------------
@@ -125,6 +82,17 @@ def test_mutant_loses_points(runs, mutant):
             f"mutant {mutant.name} ({mutant.why}) passes {name}, which should catch it\n{run.explain()}"
         )
     assert run.returncode == 1
+
+
+@pytest.mark.parametrize("mutant", HIDDEN_MUTANTS, ids=[m.name for m in HIDDEN_MUTANTS])
+def test_hidden_tests_catch_their_mutant(runs, mutant):
+    run = runs[f"hidden:{mutant.name}"]
+    assert run.results is not None, f"the grader wrote no results.json for mutant {mutant.name}\n{run.explain()}"
+    tests = run.tests()
+    for name in mutant.must_fail:
+        t = tests.get(f"{mutant.lab}: {name}")
+        assert t is not None and t["visibility"] == "after_due_date", f"{name} is not a hidden test: {sorted(tests)}"
+        assert t["status"] == "failed", f"mutant {mutant.name} ({mutant.why}) passes {name}\n{run.explain()}"
 
 
 # ---- isolation ---------------------------------------------------------------------------------------
@@ -145,7 +113,7 @@ def test_misbehaving_submission_is_contained(runs):
     assert run.seconds < 120, f"grading took {run.seconds:.0f} s: a timeout did not stop a test in time"
 
 
-# ---- output format and exit codes --------------------------------------------------------------------
+# ---- output format --------------------------------------------------------------------
 def test_gradescope_json_shape(runs):
     data = runs["solutions"].results
     assert set(data) >= {"score", "max_score", "execution_time", "tests"}, sorted(data)
@@ -153,36 +121,32 @@ def test_gradescope_json_shape(runs):
     assert data["tests"], "no tests in results.json"
     for t in data["tests"]:
         assert set(t) >= {"name", "score", "max_score", "status", "output", "visibility"}, t
-        assert t["status"] in ("passed", "failed") and t["visibility"] == "visible"
+        assert t["status"] in ("passed", "failed") and t["visibility"] in ("visible", "after_due_date"), t
         assert isinstance(t["name"], str) and t["name"].split(":")[0] in ("lab01", "lab06"), t["name"]
         assert 0 <= t["score"] <= t["max_score"]
     assert sum(t["score"] for t in data["tests"]) == data["score"]
-    stubs = runs["stubs"].results
-    assert all(t["status"] == "failed" and t["score"] == 0 and t["output"] for t in stubs["tests"])
+    # what a student sees before the due date (the top-level output) never names a hidden test, and the
+    # grader's stdout, which does, is for the staff
+    hidden = [t["name"].split(": ")[1] for t in data["tests"] if t["visibility"] != "visible"]
+    assert hidden and data["stdout_visibility"] == "hidden", (hidden, data["stdout_visibility"])
+    assert not [n for n in hidden if n in data["output"]], data["output"]
+    assert "hidden tests worth 20 points" in data["output"], data["output"][-500:]
 
 
 def test_points_total_100_per_lab(runs):
-    for key in ("solutions", "stubs"):
-        per_lab: dict[str, float] = {}
-        for t in runs[key].results["tests"]:
-            lab = t["name"].split(":")[0]
-            per_lab[lab] = per_lab.get(lab, 0) + t["max_score"]
-        assert per_lab == {"lab01": 100, "lab06": 100}, f"{key}: points per lab {per_lab}"
-
-
-def test_grader_errors_exit_2(env, tmp_path):
-    unknown = _run([sys.executable, "-m", "autograder", "lab99"], env, None)
-    assert unknown.returncode == 2 and "unknown lab" in unknown.stderr, unknown.explain()
-    missing = _run([sys.executable, "-m", "autograder", "--impl", str(tmp_path / "nowhere")], env, None)
-    assert missing.returncode == 2 and "not a folder" in missing.stderr, missing.explain()
-    empty = _run([sys.executable, "-m", "autograder", "--impl", str(tmp_path)], env, None)
-    assert empty.returncode == 2 and "no lab files" in empty.stderr, empty.explain()
+    per_lab: dict[tuple[str, bool], float] = {}
+    for t in runs["solutions"].results["tests"]:
+        key = (t["name"].split(":")[0], t["visibility"] == "visible")
+        per_lab[key] = per_lab.get(key, 0) + t["max_score"]
+    want = {(lab, visible): 90 if visible else 10 for lab in ("lab01", "lab06") for visible in (True, False)}
+    assert per_lab == want, f"points per (lab, visible): {per_lab}; a lab is 90 visible + 10 hidden"
 
 
 def test_students_can_run_pytest_directly(runs):
     run = runs["direct"]
     assert run.returncode == 0, f"`pytest autograder -k lab06 --impl solutions` should pass\n{run.explain()}"
-    assert "lab06_radix_cache" in run.stdout and "10/10 tests passed" in run.stdout, run.explain()
+    # 10 visible tests and 4 hidden ones (the instructor's edition collects autograder/hidden/ too)
+    assert "lab06_radix_cache" in run.stdout and "14/14 tests passed" in run.stdout, run.explain()
 
 
 def test_standalone_tiny_models(tmp_path, monkeypatch):

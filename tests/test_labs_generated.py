@@ -1,38 +1,22 @@
-"""labs/ is exactly what ``python -m autograder.generate`` writes from solutions/, and the
-generator turns solution regions into loud stubs."""
+"""labs/ is what ``python -m autograder.generate`` last wrote from solutions/, and the generator turns
+solution regions into loud stubs. Both editions run this file: the check reads the hashes recorded in
+``labs/.generated.json``, never the lab files themselves (a student's edits never fail it), and in the
+student edition, which has no solutions/, it checks that every recorded lab is there. The tests that
+need solutions/ are in test_generate_from_solutions.py (instructor-only)."""
 
 from __future__ import annotations
 
-import ast
-import re
-
 import pytest
 
-from autograder.generate import LABS_DIR, SOLUTIONS_DIR, GenerateError, differences, expected_labs, make_stub
+from autograder.generate import GenerateError, differences, make_stub
 
 
 def test_labs_are_generated_from_solutions():
     problems = differences()
     assert not problems, (
-        "labs/ is out of date with solutions/: " + "; ".join(problems) + ". Run `python -m autograder.generate` "
-        "(never edit labs/ by hand)"
+        "labs/ is out of date: " + "; ".join(problems) + ". Run `python -m autograder.generate` (it keeps edited "
+        "labs unless --force, which saves a copy in labs/.backup/ first)"
     )
-
-
-def test_every_region_becomes_a_stub_with_a_hint():
-    for name, text in expected_labs().items():
-        lab = re.match(r"lab(\d\d)_", name).group(1)
-        solution = (SOLUTIONS_DIR / name).read_text()
-        regions = solution.count("# BEGIN SOLUTION")
-        stubs = re.findall(r'raise NotImplementedError\("Lab (\d\d): ([^"]+)"\)', text)
-        assert regions > 0, f"solutions/{name} has no # BEGIN SOLUTION region: the lab would be complete already"
-        assert len(stubs) == regions, f"labs/{name}: {len(stubs)} stubs for {regions} solution regions"
-        assert {n for n, _ in stubs} == {lab}, f"labs/{name}: stubs must say 'Lab {lab}:', got {stubs}"
-        assert "SOLUTION" not in text, f"labs/{name} still contains a solution marker"
-        doc = ast.get_docstring(ast.parse(text))
-        assert doc and f"python -m autograder lab{lab}" in doc, (
-            f"labs/{name} must start with a docstring stating the contract and the grading command"
-        )
 
 
 def test_make_stub_replaces_regions_and_keeps_the_rest():
@@ -74,7 +58,3 @@ def test_make_stub_replaces_regions_and_keeps_the_rest():
 def test_make_stub_rejects_broken_markers(src, problem):
     with pytest.raises(GenerateError, match=problem):
         make_stub(src, "01")
-
-
-def test_labs_folder_is_committed_next_to_solutions():
-    assert sorted(p.name for p in LABS_DIR.glob("lab*.py")) == sorted(expected_labs())

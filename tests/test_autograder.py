@@ -1,7 +1,9 @@
 """The autograder, graded: the solutions score 100, the untouched stubs score 0 (quickly), every
-mutant (tests/mutants/) loses points in the tests it should, a misbehaving submission (infinite
-loop, sys.exit, segfault, os._exit, megabytes of prints) loses only those tests, and the
-command line's exit codes and Gradescope JSON have the promised shape.
+mutant (tests/mutants/) loses points in the tests it should with the hint for its pitfall (and in
+the randomized test of every function a fixed test catches), correct solutions written another way
+keep every point, a misbehaving submission (infinite loop, sys.exit, segfault, os._exit, megabytes
+of prints) loses only those tests, and the command line's exit codes and Gradescope JSON have the
+promised shape.
 
 All grading runs start together on a pool of two workers (the machine has two cores); the
 tests then read their results. The tiny models come from conftest's session fixtures.
@@ -19,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from mutants import all_mutants
+from mutants import all_equivalents, all_mutants, randomized_partners
 from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MISBEHAVING
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = ("lab01_decoder", "lab06_radix_cache")
 MUTANTS = all_mutants()
+EQUIVALENTS = all_equivalents()
 
 
 @dataclass
@@ -74,8 +77,10 @@ def runs(env, tmp_path_factory) -> dict[str, Run]:
         "stubs": [],
         "misbehaving": ["lab01", "--impl", str(MISBEHAVING.write(tmp / "misbehaving")), "--timeout", "4", *quick],
     }
-    for m in MUTANTS:
-        jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), *quick]
+    for m in MUTANTS:  # unit tests, and only the engine tests that must fail (each costs seconds)
+        jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", m.selection()]
+    for m in EQUIVALENTS:
+        jobs[f"equivalent:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", "not engine"]
     direct = [sys.executable, "-m", "pytest", "autograder", "-k", "lab06 and not engine", "--impl", "solutions"]
     direct += ["-q", "-p", "no:cacheprovider"]
     with ThreadPoolExecutor(2) as pool:
@@ -124,7 +129,28 @@ def test_mutant_loses_points(runs, mutant):
         assert t["status"] == "failed", (
             f"mutant {mutant.name} ({mutant.why}) passes {name}, which should catch it\n{run.explain()}"
         )
+    first = tests[f"{mutant.lab}: {mutant.must_fail[0]}"]
+    assert mutant.hint in first["output"], (
+        f"mutant {mutant.name} ({mutant.why}) fails {mutant.must_fail[0]}, but its message does not name the "
+        f"pitfall (expected {mutant.hint!r} in it):\n{first['output']}"
+    )
+    partners = randomized_partners()
+    for name, t in tests.items():
+        if t["status"] == "failed" and name in partners:
+            assert tests[partners[name]]["status"] == "failed", (
+                f"mutant {mutant.name} ({mutant.why}) fails {name} but collects the points of the randomized "
+                f"{partners[name]}: its random inputs never exercise this bug\n{run.explain()}"
+            )
     assert run.returncode == 1
+
+
+@pytest.mark.parametrize("equivalent", EQUIVALENTS, ids=[m.name for m in EQUIVALENTS])
+def test_correct_variants_keep_every_point(runs, equivalent):
+    """The strict checks (bit for bit in bfloat16, exact eviction order) accept other correct code."""
+    run = runs[f"equivalent:{equivalent.name}"]
+    assert run.results is not None, f"the grader wrote no results.json for {equivalent.name}\n{run.explain()}"
+    failed = {n: t["output"] for n, t in run.tests().items() if t["status"] != "passed"}
+    assert not failed, f"{equivalent.name}, a correct solution written differently, lost points: {failed}"
 
 
 # ---- isolation ---------------------------------------------------------------------------------------
@@ -182,7 +208,7 @@ def test_grader_errors_exit_2(env, tmp_path):
 def test_students_can_run_pytest_directly(runs):
     run = runs["direct"]
     assert run.returncode == 0, f"`pytest autograder -k lab06 --impl solutions` should pass\n{run.explain()}"
-    assert "lab06_radix_cache" in run.stdout and "10/10 tests passed" in run.stdout, run.explain()
+    assert "lab06_radix_cache" in run.stdout and "11/11 tests passed" in run.stdout, run.explain()
 
 
 def test_standalone_tiny_models(tmp_path, monkeypatch):

@@ -26,10 +26,23 @@ def as_list(t) -> list[int]:
     return t.tolist() if isinstance(t, torch.Tensor) else list(t)
 
 
+def page_hint(cache, length: int) -> str:
+    """The pages pitfall, when ``length`` (a matched or cached slot count) is not whole pages."""
+    ps = cache.page_size
+    if ps > 1 and isinstance(length, int) and length % ps:
+        return (
+            f"; {length} is not a whole number of pages: with page_size={ps} only whole pages are cached and "
+            "matched (round down with aligned())"
+        )
+    return ""
+
+
 def expect_match(cache, tokens: list[int], length: int, indices: list[int], why: str = "") -> None:
     m = cache.match_prefix(tokens)
     why = f" ({why})" if why else ""
-    assert m.length == length, f"match_prefix({tokens}) returned length {m.length}, expected {length}{why}"
+    assert m.length == length, (
+        f"match_prefix({tokens}) returned length {m.length}, expected {length}{why}{page_hint(cache, m.length)}"
+    )
     assert isinstance(m.indices, torch.Tensor) and m.indices.dtype == torch.int64, (
         f"match_prefix({tokens}).indices must be an int64 tensor, got {type(m.indices).__name__} "
         f"{getattr(m.indices, 'dtype', '')}"
@@ -43,9 +56,28 @@ def expect_match(cache, tokens: list[int], length: int, indices: list[int], why:
 def expect_sizes(cache, evictable: int, protected: int, after: str) -> None:
     got = (cache.evictable_size, cache.protected_size)
     assert got == (evictable, protected), (
-        f"after {after}: (evictable_size, protected_size) = {got}, expected {(evictable, protected)}; "
-        "insert adds new slots to evictable, lock moves a node's slots to protected when its ref goes 0 -> 1, "
-        "unlock moves them back at 1 -> 0, evict subtracts what it frees"
+        f"after {after}: (evictable_size, protected_size) = {got}, expected {(evictable, protected)}"
+        f"{page_hint(cache, got[0]) or page_hint(cache, got[1])}; insert adds new slots to evictable, lock moves "
+        "a node's slots to protected when its ref goes 0 -> 1, unlock moves them back at 1 -> 0, evict subtracts "
+        "what it frees"
+    )
+
+
+def expect_insert(cache, tokens: list[int], indices: torch.Tensor, want: int, why: str) -> None:
+    got = cache.insert(tokens, indices)
+    if got == want:
+        return
+    aligned = cache.aligned(len(tokens))
+    guess = (
+        " (that is the number of new tokens)"
+        if got == aligned - want
+        else " (that is the whole length)"
+        if got == aligned
+        else page_hint(cache, got)
+    )
+    raise AssertionError(
+        f"insert({tokens}) returned {got}, expected {want} ({why}){guess}: insert returns the length of the "
+        "prefix that was already cached (the caller frees those duplicate slots)"
     )
 
 
@@ -60,11 +92,11 @@ def test_empty_cache():
     cache.check_integrity()
 
 
-@points(8)
+@points(9)
 def test_insert_then_match():
     """After one insert, match_prefix finds every prefix of it, and stops where a query diverges."""
     cache = lab.make_cache(1)
-    assert cache.insert([1, 2, 3, 4, 5, 6], slots(10, 6)) == 0, "insert into an empty cache must return 0"
+    expect_insert(cache, [1, 2, 3, 4, 5, 6], slots(10, 6), 0, "nothing is cached yet")
     expect_sizes(cache, 6, 0, "insert([1..6])")
     expect_match(cache, [1, 2, 3, 4, 5, 6], 6, [10, 11, 12, 13, 14, 15], "the whole sequence is cached")
     expect_match(cache, [1, 2, 3], 3, [10, 11, 12], "a prefix of a cached sequence is cached too")
@@ -79,8 +111,7 @@ def test_insert_returns_cached_prefix():
     """insert returns how much was already cached and keeps only the new tokens' slots."""
     cache = lab.make_cache(1)
     cache.insert([1, 2, 3, 4, 5, 6], slots(0, 6))
-    got = cache.insert([1, 2, 3, 7, 8], slots(20, 5))
-    assert got == 3, f"insert([1, 2, 3, 7, 8]) after insert([1..6]) returned {got}, expected 3 (tokens already cached)"
+    expect_insert(cache, [1, 2, 3, 7, 8], slots(20, 5), 3, "after insert([1..6]), [1, 2, 3] is cached")
     expect_sizes(cache, 8, 0, "inserting [1..6] then [1, 2, 3, 7, 8]")
     expect_match(
         cache,
@@ -90,8 +121,7 @@ def test_insert_returns_cached_prefix():
         "the shared prefix keeps the first slots; 20..22 stay the caller's",
     )
     expect_match(cache, [1, 2, 3, 4], 4, [0, 1, 2, 3], "the first sequence is still there")
-    got = cache.insert([1, 2, 3, 4, 5, 6], slots(40, 6))
-    assert got == 6, f"inserting an already cached sequence returned {got}, expected 6 (all of it)"
+    expect_insert(cache, [1, 2, 3, 4, 5, 6], slots(40, 6), 6, "all of it is cached already")
     expect_sizes(cache, 8, 0, "inserting an already cached sequence again")
     cache.check_integrity()
 
@@ -114,21 +144,44 @@ def test_match_splits_node():
     cache.check_integrity()
 
 
+@points(6)
+def test_split_keeps_locks():
+    """Splitting a locked node keeps both parts locked: the upper part inherits the node's ref."""
+    cache = lab.make_cache(1)
+    cache.insert(list(range(1, 9)), slots(0, 8))
+    whole = cache.match_prefix(list(range(1, 9)))
+    cache.lock(whole.handle)
+    expect_sizes(cache, 0, 8, "inserting 8 tokens and locking all of them")
+    half = cache.match_prefix([1, 2, 3, 4, 99])  # ends inside the locked node: splits it after 4 tokens
+    assert half.length == 4, f"match_prefix([1, 2, 3, 4, 99]) returned length {half.length}, expected 4"
+    expect_sizes(cache, 0, 8, "a match split the locked node [1..8] after 4 tokens (both halves stay locked)")
+    try:
+        cache.unlock(whole.handle)
+    except RuntimeError as e:
+        raise AssertionError(
+            f"unlock() of the lock taken before a match split the node raised RuntimeError ({e}): the upper part "
+            "of a split node must inherit its ref (and last_access), so the lock still covers the whole path"
+        ) from None
+    expect_sizes(cache, 8, 0, "unlocking the lock taken before the split")
+    cache.check_integrity()
+
+
 @points(8)
 def test_page_alignment():
     """With page_size 4 only whole pages are cached, matched, and used to index children."""
     cache = lab.make_cache(4)
-    got = cache.insert(list(range(1, 11)), slots(100, 10))
-    assert got == 0, f"insert into an empty cache returned {got}, expected 0"
+    expect_insert(cache, list(range(1, 11)), slots(100, 10), 0, "nothing is cached yet")
     expect_sizes(cache, 8, 0, "inserting 10 tokens with page_size 4 (2 whole pages; the last 2 tokens are not kept)")
     expect_match(cache, list(range(1, 11)), 8, list(range(100, 108)), "2 whole pages")
-    expect_match(cache, list(range(1, 8)), 4, [100, 101, 102, 103], "7 query tokens = 1 whole page")
     expect_match(cache, [1, 2, 3, 4, 5, 6, 0, 0], 4, [100, 101, 102, 103], "the second page differs at its 3rd token")
+    expect_match(cache, list(range(1, 8)), 4, [100, 101, 102, 103], "7 query tokens = 1 whole page")
     # a sibling that shares its first *token* (but not its first page) with the cached sequence
-    got = cache.insert([1, 2, 9, 9, 9, 9, 9, 9], slots(200, 8))
-    assert got == 0, (
-        f"insert([1, 2, 9, 9, ...]) returned {got}, expected 0: its first page [1, 2, 9, 9] is not cached "
-        "(children are indexed by their first page, not their first token)"
+    expect_insert(
+        cache,
+        [1, 2, 9, 9, 9, 9, 9, 9],
+        slots(200, 8),
+        0,
+        "its first page [1, 2, 9, 9] is not cached: children are indexed by their first page, not their first token",
     )
     expect_match(cache, [1, 2, 9, 9, 9, 9, 9, 9], 8, list(range(200, 208)), "the sibling is cached on its own")
     expect_match(cache, list(range(1, 9)), 8, list(range(100, 108)), "the first sequence is untouched")
@@ -157,10 +210,13 @@ def test_lock_unlock_refcounts():
     cache.check_integrity()
     with pytest.raises(RuntimeError):
         cache.unlock(short.handle)
-        pytest.fail("unlock() of a prefix that is not locked must raise RuntimeError")
+        pytest.fail(
+            "unlock() of a prefix that is not locked any more must raise RuntimeError: a ref must never go "
+            "below zero (unlocking more often than locking is the caller's bug, and must not pass silently)"
+        )
 
 
-@points(8)
+@points(9)
 def test_evict_lru_order():
     """evict frees the least recently used leaf first; a match makes a sequence recent again."""
     cache = lab.make_cache(1)
@@ -169,6 +225,7 @@ def test_evict_lru_order():
     cache.insert([3, 3, 3], slots(20, 3))
     cache.match_prefix([1, 1, 1])  # [1 1 1] is now the most recently used
     order = [sorted(as_list(cache.evict(3))) for _ in range(3)]
+    assert all(order), f"three evict(3) calls freed {order}: evict(n) freed nothing, but must free at least n slots"
     assert order == [[10, 11, 12], [20, 21, 22], [0, 1, 2]], (
         f"three evict(3) calls freed {order}; expected [2 2 2]'s slots, then [3 3 3]'s, then [1 1 1]'s: "
         "evict the oldest last_access first, and remember that match_prefix refreshes it"
@@ -178,7 +235,7 @@ def test_evict_lru_order():
     cache.check_integrity()
 
 
-@points(10)
+@points(9)
 def test_evict_respects_locks():
     """evict never frees locked slots and refuses to free more than is evictable."""
     cache = lab.make_cache(1)
@@ -188,6 +245,10 @@ def test_evict_respects_locks():
     cache.lock(m.handle)
     cache.match_prefix([4, 5, 6])  # the unlocked one is now the most recent: LRU alone would pick [1 2 3]
     freed = sorted(as_list(cache.evict(1)))
+    assert not set(freed) & {0, 1, 2}, (
+        f"evict(1) freed {freed}, the slots of the locked [1 2 3]: a locked node (ref > 0) must never be evicted, "
+        "however old it is"
+    )
     assert freed == [10, 11, 12], f"evict(1) freed {freed}; the only unlocked entry is [4 5 6] (slots 10..12)"
     expect_sizes(cache, 0, 3, "evicting the only unlocked entry")
     with pytest.raises(ValueError):
@@ -204,9 +265,16 @@ def test_evict_frees_parents():
     cache = lab.make_cache(1)
     cache.insert([1, 2, 3, 4], slots(0, 4))
     cache.insert([1, 2, 3, 4, 5, 6], slots(10, 6))  # parent [1..4], child [5 6]
-    freed = sorted(as_list(cache.evict(6)))
+    parent_hint = (
+        "once the leaf [5 6] is gone, its parent [1..4] has no children and no lock: it becomes a candidate too"
+    )
+    try:
+        freed = sorted(as_list(cache.evict(6)))
+    except Exception as e:
+        raise AssertionError(f"evict(6) raised {type(e).__name__}: {e}\n{parent_hint}") from None
     assert freed == [0, 1, 2, 3, 14, 15], (
-        f"evict(6) freed {freed}; expected the leaf [5 6] (slots 14, 15) and then its parent [1..4] (slots 0..3)"
+        f"evict(6) freed {freed}; expected the leaf [5 6] (slots 14, 15) and then its parent [1..4] (slots 0..3): "
+        f"{parent_hint}"
     )
     expect_sizes(cache, 0, 0, "evicting everything")
     cache.check_integrity()
@@ -234,12 +302,14 @@ def random_ops(rng: random.Random) -> list[tuple]:
     """A uniformly random operation sequence (uniform finds the bugs below far more often than
     hypothesis' small-first lists; failing sequences are then shrunk by ``shrink``)."""
     ops = []
+    kinds = ["insert"] * 4 + ["match"] * 2 + ["match+lock"] * 2 + ["unlock"] * 2 + ["evict"] * 2
+    kinds += ["unlock again", "evict too much"]  # the errors the contract promises
     for _ in range(rng.randint(4, 40)):
-        kind = rng.choice(["insert", "insert", "match", "match+lock", "unlock", "evict"])
+        kind = rng.choice(kinds)
         if kind in ("insert", "match", "match+lock"):
             ops.append((kind, rng.choice(SEQUENCES)))
         else:
-            ops.append((kind, rng.randint(0, 50) if kind == "unlock" else rng.randint(1, 8)))
+            ops.append((kind, rng.randint(0, 50) if kind.startswith("unlock") else rng.randint(1, 8)))
     return ops
 
 
@@ -250,6 +320,7 @@ class Mismatch(AssertionError):
 def _run_ops(page_size: int, ops: list) -> None:
     mine, ref = lab.make_cache(page_size), RadixPrefixCache(page_size)
     locked: list[tuple] = []
+    released: list[tuple] = []  # locks already undone, to unlock once too often
     log: list[str] = []
     next_slot = 0
 
@@ -275,7 +346,7 @@ def _run_ops(page_size: int, ops: list) -> None:
             if got.length != want.length or as_list(got.indices) != as_list(want.indices):
                 fail(
                     f"match_prefix returned length {got.length} slots {as_list(got.indices)}, expected length "
-                    f"{want.length} slots {as_list(want.indices)}"
+                    f"{want.length} slots {as_list(want.indices)}{page_hint(mine, got.length)}"
                 )
             if op == "match+lock":
                 mine.lock(got.handle)
@@ -288,6 +359,24 @@ def _run_ops(page_size: int, ops: list) -> None:
             log.append(f"  unlock(the lock of {tokens})")
             ref.unlock(want_h)
             mine.unlock(got_h)
+            released.append((got_h, want_h, tokens))
+        elif op == "unlock again":
+            got_h, want_h, tokens = released[arg % len(released)] if released else (None, ref.root, [])
+            if want_h is ref.root or want_h.ref:
+                return  # an empty match locks nothing; a node another lock still holds may be unlocked
+            log.append(f"  unlock(the lock of {tokens}) again -> RuntimeError")
+            with pytest.raises(RuntimeError):
+                mine.unlock(got_h)
+                fail(
+                    f"unlocking the lock of {tokens} a second time did not raise RuntimeError: a ref must never go "
+                    "below zero"
+                )
+        elif op == "evict too much":
+            n = ref.evictable_size + 1 + arg % 3
+            log.append(f"  evict({n}) with {ref.evictable_size} evictable -> ValueError")
+            with pytest.raises(ValueError):
+                mine.evict(n)
+                fail(f"evict({n}) with only {ref.evictable_size} evictable slots did not raise ValueError")
         else:
             n = min(arg, ref.evictable_size)
             want = sorted(as_list(ref.evict(n)))
@@ -303,22 +392,25 @@ def _run_ops(page_size: int, ops: list) -> None:
         except AssertionError as e:
             fail(f"check_integrity() failed: {e}")
 
-    for op, arg in ops:
+    def _finish():
+        log.append("  unlock every remaining lock, then evict(evictable_size)")
+        for got_h, want_h, _ in locked:
+            mine.unlock(got_h)
+            ref.unlock(want_h)
+        got, want = sorted(as_list(mine.evict(mine.evictable_size))), sorted(as_list(ref.evict(ref.evictable_size)))
+        if got != want:
+            fail(f"evicting everything freed {len(got)} slots, expected {len(want)}")
+
+    for op, arg in [*ops, ("finish", None)]:
         try:
-            _apply(op, arg)
+            _finish() if op == "finish" else _apply(op, arg)
         except Mismatch:
             raise
         except Exception as e:
-            e.add_note(f"while running {op}({arg}); operations (page_size={page_size}), oldest first:")
+            step = "the final unlock and evict" if op == "finish" else f"{op}({arg})"
+            e.add_note(f"while running {step}; operations (page_size={page_size}), oldest first:")
             e.add_note("\n".join(log[-12:]))
             raise
-    for got_h, want_h, _ in locked:
-        mine.unlock(got_h)
-        ref.unlock(want_h)
-    log.append("  unlock every remaining lock, then evict(evictable_size)")
-    got, want = sorted(as_list(mine.evict(mine.evictable_size))), sorted(as_list(ref.evict(ref.evictable_size)))
-    if got != want:
-        fail(f"evicting everything freed {len(got)} slots, expected {len(want)}")
 
 
 def _fails(page_size: int, ops: list) -> bool:
@@ -342,7 +434,7 @@ def shrink(page_size: int, ops: list) -> list:
     return ops
 
 
-@points(10)
+@points(11)
 def test_random_operations_match_reference():
     """Random insert / match / lock / unlock / evict sequences (page sizes 1, 2, 4) give the same
     results and sizes as the engine's RadixPrefixCache, and check_integrity() holds throughout."""

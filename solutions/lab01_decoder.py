@@ -7,22 +7,41 @@ on the engine's *flat* layout: the tokens of all requests of a batch back to bac
 
 Contract (what the autograder checks):
 
-* ``rms_norm(x, weight, eps)``: ``x * rsqrt(mean(x**2, last dim) + eps) * weight``. Normalise in
-  float32, cast the normalised value back to ``x.dtype``, *then* multiply by ``weight``.
-  ``x`` may have any number of leading dims (Qwen3 also normalises ``[tokens, heads, head_dim]``).
+* ``rms_norm(x, weight, eps)``: ``x * rsqrt(mean(x**2, last dim) + eps) * weight``, in this order
+  and precision (HF's and the engine's): convert ``x`` to float32, normalise it, cast the
+  normalised value back to ``x.dtype``, *then* multiply by ``weight`` (in ``x.dtype``). On bfloat16
+  and float16 inputs the grader wants this bit for bit (up to a rare last-bit rounding of float32
+  math done in another order). ``x`` may have any number of leading dims (Qwen3 also normalises
+  ``[tokens, heads, head_dim]``).
 * ``rope_inv_freq(head_dim, base, scaling)``: the ``head_dim // 2`` rotary inverse frequencies
   ``base ** (-2i / head_dim)`` in float32, with Llama-3 frequency scaling when ``scaling`` is set.
 * ``apply_rotary(x, cos, sin)``: rotate ``x`` ``[tokens, heads, head_dim]`` in the "rotate half"
   layout of HF Llama / Qwen3: the pairs are ``(x[..., i], x[..., i + head_dim // 2])``.
   ``cos`` and ``sin`` are ``[tokens, 1, head_dim // 2]`` in ``x.dtype`` (the engine builds them
-  from your ``rope_inv_freq``: ``angle[p, i] = p * inv_freq[i]``).
+  from your ``rope_inv_freq``: ``angle[p, i] = p * inv_freq[i]``); the result is in ``x.dtype``.
 * ``gqa_attention(q, k, v, scale)``: causal grouped-query attention over dense tensors;
   ``q`` is ``[T, H, D]``, ``k`` and ``v`` are ``[S, KV, D]`` with ``S >= T`` and ``H % KV == 0``.
   The queries are the *last* ``T`` positions of the sequence (the first ``S - T`` keys are the
   cached prefix), so query ``t`` may attend to keys ``0 .. S - T + t``. Query head ``h`` uses KV
-  head ``h // (H // KV)``. Softmax in float32; returns ``[T, H, D]`` in ``q.dtype``.
+  head ``h // (H // KV)``. Compute in float32 throughout (convert ``q``, ``k``, ``v``; the scores,
+  the softmax and the weighted sum of ``v`` in float32, as the engine's kernels accumulate) and
+  cast the result once to ``q.dtype``: returns ``[T, H, D]``.
 * ``silu_and_mul(x)``: SwiGLU on the fused ``[gate | up]`` projection ``[..., 2 * I]``:
   ``silu(gate) * up`` with ``silu(g) = g * sigmoid(g)``; returns ``[..., I]``.
+
+Pitfalls the grader recognises (and names in its message when your output is one of them):
+
+* RMSNorm: ``eps`` left out or outside the square root; the mean of squares (or the whole norm)
+  computed in bfloat16 / float16 (``x**2`` even overflows float16 past 256); the weight multiplied
+  in float32 with a single cast at the end (the other order); the ``rsqrt`` factor cast back to
+  ``x.dtype`` before it multiplies ``x`` (too early).
+* rotary: a hard-coded base instead of ``base``; the wrong band of the Llama-3 scaling (or the
+  blend's weights swapped); adjacent pairs ``(x[2i], x[2i + 1])`` (the GPT-J / Meta layout)
+  instead of ``(x[i], x[i + d/2])``; the sign of ``sin`` flipped (rotating backwards).
+* attention: no causal mask; the mask offset forgotten (queries taken as positions ``0 .. T-1``
+  instead of ``S - T .. S - 1``); query head ``h`` paired with KV head ``h % KV`` (``repeat``)
+  instead of ``h // (H // KV)`` (``repeat_interleave``); the scores or the softmax in bfloat16.
+* SwiGLU: ``silu`` applied to the second half (``up``) instead of the first (``gate``).
 
 Grading: ``python -m autograder lab01``. Besides unit tests against the engine on fixed and
 random inputs, the grader runs the real engine (``minisgl.LLM``) with your RMSNorm, rotary and
@@ -43,11 +62,13 @@ from minisgl.models.config import RopeScaling
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Root-mean-square norm over the last dimension (no mean subtraction, no bias).
 
-    ``x``: ``[..., dim]``; ``weight``: ``[dim]``. Returns ``[..., dim]``. Computing the mean of
-    squares in ``x.dtype`` loses precision in bfloat16: convert to float32 first, and cast back
-    before the ``weight`` multiply, as HF and the engine do (bit-for-bit equal results).
+    ``x``: ``[..., dim]``; ``weight``: ``[dim]``. Returns ``[..., dim]`` in ``x.dtype``. Three
+    steps, in this order: ``h = x.float()``; ``h = h * rsqrt(mean(h**2) + eps)``; return
+    ``weight * h.to(x.dtype)``. Computing the mean of squares in bfloat16 loses precision (and
+    overflows float16), and multiplying by ``weight`` before the cast rounds differently: either
+    differs from HF and the engine, which are bit-for-bit equal to these three steps.
     """
-    # BEGIN SOLUTION hint="normalise x by rsqrt(mean(x**2) + eps) over the last dim in float32, then * weight"
+    # BEGIN SOLUTION hint="h = x.float(); h = h * rsqrt(mean(h**2, last dim) + eps); return weight * h.to(x.dtype)"
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -94,7 +115,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     ``(x1 * cos - x2 * sin, x2 * cos + x1 * sin)``.
 
     ``x``: ``[tokens, heads, head_dim]``; ``cos``, ``sin``: ``[tokens, 1, head_dim // 2]``
-    (broadcast over heads). Returns a new tensor shaped like ``x``.
+    (broadcast over heads). Returns a new tensor shaped like ``x``. Not adjacent pairs
+    ``(x[..., 2i], x[..., 2i + 1])``: that is another checkpoint layout (GPT-J, Meta's originals).
     """
     # BEGIN SOLUTION hint="split x into halves x1, x2 on the last dim; return cat(x1*cos - x2*sin, x2*cos + x1*sin)"
     x1, x2 = x.chunk(2, dim=-1)
@@ -106,11 +128,13 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """Causal grouped-query attention for one request.
 
     ``q``: ``[T, H, D]`` (the last ``T`` positions); ``k``, ``v``: ``[S, KV, D]`` (positions
-    ``0 .. S-1``). ``softmax(q @ k^T * scale)`` with query ``t`` masked to keys ``<= S - T + t``,
-    then ``@ v``. Query heads ``[g * (H // KV), (g + 1) * (H // KV))`` share KV head ``g``.
-    Returns ``[T, H, D]`` in ``q.dtype``.
+    ``0 .. S-1``). ``softmax(q @ k^T * scale)`` with query ``t`` masked to keys ``<= S - T + t``
+    (not ``<= t``: the first ``S - T`` keys are a cached prefix), then ``@ v``. Query heads
+    ``[g * (H // KV), (g + 1) * (H // KV))`` share KV head ``g``: head ``h`` reads KV head
+    ``h // (H // KV)``, not ``h % KV``. Everything in float32 (``q.float()``, ``k.float()``,
+    ``v.float()``); returns ``[T, H, D]`` cast once to ``q.dtype``.
     """
-    # BEGIN SOLUTION hint="repeat each KV head H // KV times, mask keys after S - T + t with -inf, softmax in float32"
+    # BEGIN SOLUTION hint="in float32: repeat_interleave KV heads H // KV times, mask keys > S - T + t, softmax, @ v"
     num_q, heads, _ = q.shape
     seq, kv_heads, _ = k.shape
     group = heads // kv_heads

@@ -30,6 +30,21 @@ Contract, beyond ``base.py`` (the grader compares every result with the engine's
   slots are freed and return the freed slots (int64). ``n <= 0`` frees nothing; ``n`` larger than
   ``num_evictable`` raises ``ValueError``.
 
+Pitfalls the grader recognises (its messages name them):
+
+* pages: a matched length that is not a whole number of pages (round the shared length down with
+  ``aligned``); the unaligned tail of ``insert``'s tokens kept;
+* splits: a match ending inside a node that does not split it (a lock would then protect the whole
+  node); an upper part that does not inherit ``ref`` (a lock taken before the split then covers
+  only the lower part, and its ``unlock`` finds a ``ref`` of 0);
+* locks: only the handle's node locked (every ancestor must be pinned too); ``unlock`` that lets a
+  ``ref`` go below zero instead of raising ``RuntimeError``;
+* ``insert`` returning the number of new tokens (or the whole length) instead of the length of the
+  prefix that was already cached (the caller frees exactly those duplicate slots);
+* eviction: the most recently used leaf first instead of the least; a locked leaf evicted; a parent
+  left with no children (and no lock) not becoming a candidate, so ``evict`` stops short or
+  fails; nothing freed at all.
+
 Grading: ``python -m autograder lab06`` runs fixed cases and random operation sequences against
 ``minisgl.kvcache.RadixPrefixCache``, then runs the engine with ``cache_type=<your cache>`` at
 page sizes 1 and 4 and checks the generated tokens and the cache hits equal the reference.

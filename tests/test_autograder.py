@@ -1,9 +1,11 @@
 """The autograder, graded (instructor-only: it needs solutions/ and tests/mutants/): the solutions
-score 100 with the hidden tests, every mutant (tests/mutants/) loses points in the tests it should,
-every hidden-test mutant (tests/mutants/hidden.py) fails the hidden tests it should, a misbehaving
-submission (infinite loop, sys.exit, segfault, os._exit, megabytes of prints) loses only those
-tests, and the Gradescope JSON has the promised shape. The stubs and the exit codes, which need no
-solutions, are graded in test_grading.py (it runs in the student edition too).
+score 100 with the hidden tests, every mutant (tests/mutants/) loses points in the tests it should
+with the hint for its pitfall (and in the randomized test of every function a fixed test catches),
+correct solutions written another way keep every point, every hidden-test mutant
+(tests/mutants/hidden.py) fails the hidden tests it should, a misbehaving submission (infinite loop,
+sys.exit, segfault, os._exit, megabytes of prints) loses only those tests, and the Gradescope JSON has
+the promised shape. The stubs and the exit codes, which need no solutions, are graded in
+test_grading.py (it runs in the student edition too).
 
 All grading runs start together on a pool of two workers (the machine has two cores); the
 tests then read their results. The tiny models come from conftest's session fixtures.
@@ -16,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from grading import Run, grade, run
-from mutants import all_mutants
+from mutants import all_equivalents, all_mutants, randomized_partners
 from mutants.hidden import HIDDEN_MUTANTS
 from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MISBEHAVING
 
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.instructor
 
 LABS = ("lab01_decoder", "lab06_radix_cache")
 MUTANTS = all_mutants()
+EQUIVALENTS = all_equivalents()
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,10 @@ def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
     # visible tests only: the isolation cases are about them (mutants/isolation.py lists them)
     misbehaving = str(MISBEHAVING.write(tmp / "misbehaving"))
     jobs["misbehaving"] = ["lab01", "--impl", misbehaving, "--timeout", "4", "--no-hidden", *quick]
-    for m in MUTANTS:
-        jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), *quick]
+    for m in MUTANTS:  # unit tests, and only the engine tests that must fail (each costs seconds)
+        jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", m.selection()]
+    for m in EQUIVALENTS:
+        jobs[f"equivalent:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", "not engine"]
     for m in HIDDEN_MUTANTS:  # only the hidden tests it must fail: a few seconds each
         only = " or ".join(sorted({name.split("[")[0] for name in m.must_fail}))
         jobs[f"hidden:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / f"hidden-{m.name}")), "-k", only]
@@ -81,6 +86,18 @@ def test_mutant_loses_points(runs, mutant):
         assert t["status"] == "failed", (
             f"mutant {mutant.name} ({mutant.why}) passes {name}, which should catch it\n{run.explain()}"
         )
+    first = tests[f"{mutant.lab}: {mutant.must_fail[0]}"]
+    assert mutant.hint in first["output"], (
+        f"mutant {mutant.name} ({mutant.why}) fails {mutant.must_fail[0]}, but its message does not name the "
+        f"pitfall (expected {mutant.hint!r} in it):\n{first['output']}"
+    )
+    partners = randomized_partners()
+    for name, t in tests.items():
+        if t["status"] == "failed" and name in partners:
+            assert tests[partners[name]]["status"] == "failed", (
+                f"mutant {mutant.name} ({mutant.why}) fails {name} but collects the points of the randomized "
+                f"{partners[name]}: its random inputs never exercise this bug\n{run.explain()}"
+            )
     assert run.returncode == 1
 
 
@@ -93,6 +110,15 @@ def test_hidden_tests_catch_their_mutant(runs, mutant):
         t = tests.get(f"{mutant.lab}: {name}")
         assert t is not None and t["visibility"] == "after_due_date", f"{name} is not a hidden test: {sorted(tests)}"
         assert t["status"] == "failed", f"mutant {mutant.name} ({mutant.why}) passes {name}\n{run.explain()}"
+
+
+@pytest.mark.parametrize("equivalent", EQUIVALENTS, ids=[m.name for m in EQUIVALENTS])
+def test_correct_variants_keep_every_point(runs, equivalent):
+    """The strict checks (bit for bit in bfloat16, exact eviction order) accept other correct code."""
+    run = runs[f"equivalent:{equivalent.name}"]
+    assert run.results is not None, f"the grader wrote no results.json for {equivalent.name}\n{run.explain()}"
+    failed = {n: t["output"] for n, t in run.tests().items() if t["status"] != "passed"}
+    assert not failed, f"{equivalent.name}, a correct solution written differently, lost points: {failed}"
 
 
 # ---- isolation ---------------------------------------------------------------------------------------
@@ -145,8 +171,8 @@ def test_points_total_100_per_lab(runs):
 def test_students_can_run_pytest_directly(runs):
     run = runs["direct"]
     assert run.returncode == 0, f"`pytest autograder -k lab06 --impl solutions` should pass\n{run.explain()}"
-    # 10 visible tests and 4 hidden ones (the instructor's edition collects autograder/hidden/ too)
-    assert "lab06_radix_cache" in run.stdout and "14/14 tests passed" in run.stdout, run.explain()
+    # 11 visible tests and 4 hidden ones (the instructor's edition collects autograder/hidden/ too)
+    assert "lab06_radix_cache" in run.stdout and "15/15 tests passed" in run.stdout, run.explain()
 
 
 def test_standalone_tiny_models(tmp_path, monkeypatch):

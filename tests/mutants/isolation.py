@@ -1,5 +1,5 @@
 """A lab 01 submission that misbehaves in every way a grader must survive; only gqa_attention is
-correct (its three tests, 23 points, must still pass)."""
+correct (its four tests, 25 points, must still pass)."""
 
 from mutants import Mutant
 
@@ -8,8 +8,8 @@ MISBEHAVING = Mutant(
     "lab01_decoder",
     (
         (
-            '    # BEGIN SOLUTION hint="normalise x',
-            '    while True:  # an infinite loop\n        pass\n    # BEGIN SOLUTION hint="normalise x',
+            '    # BEGIN SOLUTION hint="h = x.float()',
+            '    while True:  # an infinite loop\n        pass\n    # BEGIN SOLUTION hint="h = x.float()',
         ),
         (
             "    exponents = torch.arange(0, head_dim, 2",
@@ -37,4 +37,9 @@ EXPECTED_FAILURES = {
     "apply_rotary_fixed": "printed more than",
     "silu_and_mul": "exited with code 0",
 }
-EXPECTED_PASSES = ("gqa_attention_prefill", "gqa_attention_cached_prefix", "gqa_attention_random")
+EXPECTED_PASSES = (
+    "gqa_attention_prefill",
+    "gqa_attention_cached_prefix",
+    "gqa_attention_bfloat16",
+    "gqa_attention_random",
+)

@@ -1,11 +1,31 @@
-"""Broken variants of solutions/lab06_radix_cache.py."""
+"""Broken variants of solutions/lab06_radix_cache.py: one per pitfall its docstring names, and a
+correct one written another way (``EQUIVALENT``)."""
 
 from mutants import Mutant
+
+STEM = "lab06_radix_cache"
+
+# every fixed unit test -> the randomized test, which must fail with it
+RANDOMIZED = {
+    name: "random_operations_match_reference"
+    for name in (
+        "empty_cache",
+        "insert_then_match",
+        "insert_returns_cached_prefix",
+        "match_splits_node",
+        "split_keeps_locks",
+        "page_alignment",
+        "lock_unlock_refcounts",
+        "evict_lru_order",
+        "evict_respects_locks",
+        "evict_frees_parents",
+    )
+}
 
 MUTANTS = [
     Mutant(
         "never_evicts",
-        "lab06_radix_cache",
+        STEM,
         (
             (
                 "        if n <= 0:\n            return _EMPTY\n        if n > self.num_evictable:",
@@ -18,11 +38,12 @@ MUTANTS = [
             "random_operations_match_reference",
             "engine_shares_prefixes[1]",
         ),
+        hint="freed nothing",
         why="evict() frees nothing, so the engine runs out of KV memory",
     ),
     Mutant(
         "evicts_locked_nodes",
-        "lab06_radix_cache",
+        STEM,
         (
             ("if not node.children and node.ref == 0]", "if not node.children]"),
             (
@@ -31,11 +52,12 @@ MUTANTS = [
             ),
         ),
         must_fail=("evict_respects_locks", "random_operations_match_reference"),
+        hint="a locked node (ref > 0) must never be evicted",
         why="eviction ignores locks: a running request's prefix can be freed under it",
     ),
     Mutant(
         "evicts_most_recent",
-        "lab06_radix_cache",
+        STEM,
         (
             (
                 "leaf = min(candidates, key=lambda node: node.last_access)",
@@ -43,6 +65,145 @@ MUTANTS = [
             ),
         ),
         must_fail=("evict_lru_order", "random_operations_match_reference", "engine_shares_prefixes[1]"),
+        hint="evict the oldest last_access first",
         why="MRU instead of LRU: the prefix just used is the first to go",
     ),
+    Mutant(
+        "evict_forgets_parents",
+        STEM,
+        (
+            (
+                "            if parent is not self.root and not parent.children and parent.ref == 0:\n"
+                "                candidates.append(parent)\n",
+                "",
+            ),
+        ),
+        must_fail=("evict_frees_parents", "random_operations_match_reference"),
+        hint="it becomes a candidate too",
+        why="a parent left without children is never evicted, so evict() runs out of candidates",
+    ),
+    Mutant(
+        "split_drops_lock",
+        STEM,
+        (("upper.ref, upper.last_access = node.ref, node.last_access", "upper.last_access = node.last_access"),),
+        must_fail=("split_keeps_locks", "random_operations_match_reference"),
+        hint="must inherit its ref",
+        why="the upper half of a split locked node starts unlocked: evictable while in use, and unlock underflows",
+    ),
+    Mutant(
+        "match_never_splits",
+        STEM,
+        (
+            (
+                "            if n < len(child.key):\n                child = self.split(child, n)\n"
+                "            values.append(child.value)\n",
+                "            if n < len(child.key):\n                values.append(child.value[:n])\n"
+                "                node, pos = child, pos + n\n                break\n"
+                "            values.append(child.value)\n",
+            ),
+        ),
+        must_fail=("match_splits_node", "random_operations_match_reference"),
+        hint="split the node",
+        why="a partial match returns the whole node as its handle: a lock protects tokens nobody matched",
+    ),
+    Mutant(
+        "lock_only_the_handle",
+        STEM,
+        (
+            (
+                "            node.ref += 1\n            node = node.parent\n",
+                "            node.ref += 1\n            node = None\n",
+            ),
+        ),
+        must_fail=("lock_unlock_refcounts", "random_operations_match_reference"),
+        hint="a lock pins the matched node and every ancestor",
+        why="lock() pins the matched node but not its ancestors, which stay evictable",
+    ),
+    Mutant(
+        "unlock_never_raises",
+        STEM,
+        (
+            (
+                "            if node.ref == 0:\n"
+                '                raise RuntimeError("unlock() without a matching lock()")\n',
+                "",
+            ),
+        ),
+        must_fail=("lock_unlock_refcounts", "random_operations_match_reference"),
+        hint="must raise RuntimeError",
+        why="unlocking too often drives ref below zero silently",
+    ),
+    Mutant(
+        "insert_returns_new_tokens",
+        STEM,
+        (
+            (
+                "            self.touch(leaf)\n        return pos\n",
+                "            self.touch(leaf)\n        return end - pos\n",
+            ),
+        ),
+        must_fail=("insert_then_match", "insert_returns_cached_prefix", "random_operations_match_reference"),
+        hint="insert returns the length of the prefix that was already cached",
+        why="insert returns how many tokens it added, not how many were cached already",
+    ),
+    Mutant(
+        "match_not_page_aligned",
+        STEM,
+        (
+            (
+                "n = self.aligned(shared_len(child.key, token_ids[pos:end]))",
+                "n = shared_len(child.key, token_ids[pos:end])",
+            ),
+        ),
+        must_fail=("page_alignment", "random_operations_match_reference"),
+        hint="is not a whole number of pages",
+        why="a match may end inside a page, so keys stop being whole pages",
+    ),
+    Mutant(
+        "insert_keeps_partial_page",
+        STEM,
+        (
+            (
+                "        end = self.aligned(len(token_ids))\n        node, pos, _ = self.walk(token_ids)\n",
+                "        end = len(token_ids)\n        node, pos, _ = self.walk(token_ids)\n",
+            ),
+        ),
+        must_fail=("page_alignment", "random_operations_match_reference"),
+        hint="is not a whole number of pages",
+        why="insert keeps the unaligned tail of the tokens as a partial page",
+    ),
 ]
+
+# correct, written the other ways a student may: it must keep every point
+EQUIVALENT = Mutant(
+    "lab06_written_differently",
+    STEM,
+    (
+        (  # a recursive lock, a heap for eviction
+            "        node = handle\n        while node is not None and node is not self.root:\n"
+            "            if node.ref == 0:\n                self.num_evictable -= len(node.value)\n"
+            "                self.num_protected += len(node.value)\n            node.ref += 1\n"
+            "            node = node.parent\n",
+            "        if handle is None or handle is self.root:\n            return\n"
+            "        if handle.ref == 0:\n            self.num_evictable -= len(handle.value)\n"
+            "            self.num_protected += len(handle.value)\n        handle.ref += 1\n"
+            "        self.lock(handle.parent)\n",
+        ),
+        (
+            "        candidates = [node for node in self.nodes() if not node.children and node.ref == 0]\n",
+            "        import heapq\n\n"
+            "        heap = [(nd.last_access, id(nd), nd) for nd in self.nodes() if not nd.children and nd.ref == 0]\n"
+            "        heapq.heapify(heap)\n",
+        ),
+        (
+            "            leaf = min(candidates, key=lambda node: node.last_access)\n"
+            "            candidates.remove(leaf)\n",
+            "            _, _, leaf = heapq.heappop(heap)\n",
+        ),
+        (
+            "                candidates.append(parent)\n",
+            "                heapq.heappush(heap, (parent.last_access, id(parent), parent))\n",
+        ),
+    ),
+    must_fail=(),
+)

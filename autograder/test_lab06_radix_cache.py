@@ -92,7 +92,7 @@ def test_empty_cache():
     cache.check_integrity()
 
 
-@points(9)
+@points(8)
 def test_insert_then_match():
     """After one insert, match_prefix finds every prefix of it, and stops where a query diverges."""
     cache = lab.make_cache(1)
@@ -216,7 +216,7 @@ def test_lock_unlock_refcounts():
         )
 
 
-@points(9)
+@points(8)
 def test_evict_lru_order():
     """evict frees the least recently used leaf first; a match makes a sequence recent again."""
     cache = lab.make_cache(1)
@@ -434,7 +434,7 @@ def shrink(page_size: int, ops: list) -> list:
     return ops
 
 
-@points(11)
+@points(9)
 def test_random_operations_match_reference():
     """Random insert / match / lock / unlock / evict sequences (page sizes 1, 2, 4) give the same
     results and sizes as the engine's RadixPrefixCache, and check_integrity() holds throughout."""
@@ -469,7 +469,7 @@ def _rounds(model, seed: int = 0) -> list[list[list[int]]]:
     ]
 
 
-@points(8, timeout=180)
+@points(6, timeout=180)
 @engine
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_engine_shares_prefixes(tiny_llama, page_size):

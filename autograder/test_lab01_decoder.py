@@ -205,12 +205,9 @@ def rope_pitfalls(head_dim: int, base: float, scaling: RopeScaling | None) -> li
     def swapped_blend() -> torch.Tensor:
         inv_freq = ref_inv_freq(head_dim, base)
         wavelen = 2 * math.pi / inv_freq
-        s = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor
-        )
-        middle = (wavelen >= scaling.original_max_position / scaling.high_freq_factor) & (
-            wavelen <= scaling.original_max_position / scaling.low_freq_factor
-        )
+        ctx, low, high = scaling.original_max_position, scaling.low_freq_factor, scaling.high_freq_factor
+        s = (ctx / wavelen - low) / (high - low)  # the docstring's blend weight
+        middle = (wavelen >= ctx / high) & (wavelen <= ctx / low)
         return torch.where(
             middle, s * inv_freq / scaling.factor + (1 - s) * inv_freq, ref_inv_freq(head_dim, base, scaling)
         )

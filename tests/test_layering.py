@@ -77,7 +77,7 @@ GRAPH = {m: imports_of(m) for m in MODULES}
 
 def test_every_module_has_a_layer():
     unknown = sorted({layer_of(m) for m in MODULES} - set(RANK))
-    assert not unknown, f"add {unknown} to LAYERS in {Path(__file__).name} (and to the README's architecture)"
+    assert not unknown, f"add {unknown} to LAYERS in {Path(__file__).name} (and to minisgl/README.md's architecture)"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

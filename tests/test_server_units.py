@@ -176,8 +176,8 @@ def test_environment_is_read_in_one_place():
         Env({"MINISGL_SHELL_TOP_K": "x"})
     lax = Env({"MINISGL_SHELL_TOP_K": "x"}, strict=False)
     assert lax.shell_top_k == -1 and "MINISGL_SHELL_TOP_K" in lax.errors[0]
-    readme = (root.parent / "README.md").read_text()
-    assert all(v.env_name in readme for v in VARS), "the README's environment table lists every variable"
+    readme = (root / "README.md").read_text()
+    assert all(v.env_name in readme for v in VARS), "the engine manual's environment table lists every variable"
 
 
 def test_resource_errors_are_logged_once_per_interval():

@@ -22,7 +22,7 @@ FLASHINFER_PAGE_SIZE = 64
 # Prompt tokens per prefill batch. A batch's time is a pause for every running stream (decodes run
 # between two chunks of a long prompt), and a CPU computes a chunk thousands of times slower: on the
 # 2-core CI machine, with the embedded model, an 8,000-token prompt stalled running streams for 32.6 s
-# unchunked; measured worst gaps by chunk size are in the README ("Chunked prefill, CPU").
+# unchunked; measured worst gaps by chunk size are in minisgl/README.md ("Chunked prefill, CPU").
 GPU_PREFILL_LENGTH, CPU_PREFILL_LENGTH = 8192, 256
 
 

@@ -200,6 +200,7 @@ class Batch:
     logit_idx: torch.Tensor | None = None  # [padded_size] index of each request's last token
     attn_metadata: Any = None
     padded_size: int = 0  # >= len(reqs) when a CUDA graph pads the batch
+    riders: int = 0  # the last ``riders`` rows of a prefill batch are decoding requests' next tokens
 
     @property
     def size(self) -> int:

@@ -108,8 +108,8 @@ def test_the_observer_reports_every_batch(tiny_llama):
     assert [e.index for e in events] == list(range(len(events)))
     assert events[0].kind == "prefill" and {e.kind for e in events} == {"prefill", "decode"}
     prefill = [e for e in events if e.kind == "prefill"]
-    assert all(e.num_tokens <= 32 for e in prefill), "the prefill budget holds in every batch"
-    computed = sum(e.num_tokens for e in prefill)
+    assert all(e.prefill_tokens <= 32 for e in prefill), "the prefill budget holds in every batch"
+    computed = sum(e.prefill_tokens for e in prefill)
     assert computed == llm.cache_stats.prefill_tokens
     assert sum(e.hit_tokens for e in prefill) == llm.cache_stats.hit_tokens > 0 == events[0].hit_tokens
     for e in events:

@@ -1,6 +1,6 @@
 """Chunked prefill, measured: a long prompt arrives while 8 requests are decoding.
 
-    python -m minisgl.benchmark.long_prompt                      # embedded model, chunks 256/1024/unlimited
+    python -m minisgl.benchmark.long_prompt                      # embedded model: the default budget, 512, unlimited
     python -m minisgl.benchmark.long_prompt --chunks 512 none --prompt-len 8192
 
 For each chunk size (``--max-prefill-length``), in a fresh process:
@@ -26,7 +26,7 @@ import torch
 from minisgl.engine.config import add_engine_args
 
 
-def measure(args: argparse.Namespace, chunk: int | None) -> dict:
+def measure(args: argparse.Namespace, chunk: int | str | None) -> dict:
     from minisgl import LLM, SamplingParams
 
     llm = LLM(
@@ -106,12 +106,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(ap, ["model", "dummy_weight", "dtype", "page_size"])
     ap.add_argument("--prompt-len", type=int, default=4096)
-    ap.add_argument("--chunks", nargs="+", default=["256", "1024", "none"], help="chunk sizes; 'none' = unlimited")
+    ap.add_argument(
+        "--chunks",
+        nargs="+",
+        default=["auto", "512", "none"],
+        help="chunk sizes; 'auto': the default, 'none': unlimited",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: measure one chunk size
     args = ap.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(measure(args, None if args.one == "none" else int(args.one))))
+        chunk = {"none": None, "auto": "auto"}[args.one] if args.one in ("none", "auto") else int(args.one)
+        print(json.dumps(measure(args, chunk)))
         return []
     rows = []
     for chunk in args.chunks:  # a fresh process each: peak memory is per process

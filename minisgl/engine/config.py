@@ -23,7 +23,7 @@ FLASHINFER_PAGE_SIZE = 64
 # between two chunks of a long prompt), and a CPU computes a chunk thousands of times slower: on the
 # 2-core CI machine, with the embedded model, an 8,000-token prompt stalled running streams for 32.6 s
 # unchunked; measured worst gaps by chunk size are in minisgl/README.md ("Chunked prefill, CPU").
-GPU_PREFILL_LENGTH, CPU_PREFILL_LENGTH = 8192, 256
+GPU_PREFILL_LENGTH, CPU_PREFILL_LENGTH = 8192, 128
 
 
 def option(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None, cli: bool = True, parse=None):
@@ -86,12 +86,21 @@ class EngineConfig:
     max_running_requests: int = option(256, "requests decoded together at most")
     max_prefill_length: int | str | None = option(
         "auto",
-        f"prompt tokens per prefill batch; longer prompts are prefilled in chunks, with running requests "
-        f"decoding between them (default auto: {GPU_PREFILL_LENGTH} on GPUs, {CPU_PREFILL_LENGTH} on CPUs; "
-        "none: no limit)",
+        f"prompt tokens per prefill batch while requests decode; longer prompts are prefilled in chunks, with "
+        f"the running requests decoding between them (default auto: {GPU_PREFILL_LENGTH} on GPUs, "
+        f"{CPU_PREFILL_LENGTH} on CPUs; none: no limit)",
         "--max-prefill-length",
         "--max-extend-length",
         parse=_length_or_auto,
+    )
+    mixed_chunk: bool = option(
+        False,
+        "decoding requests ride in prefill batches (one token each) instead of a decode step between two "
+        "prefill batches. Off by default: their attention then runs as a prefill (on a CPU the torch "
+        "backend gathers their whole context: the CPU benchmark ran at half speed; on a GPU, outside the "
+        "CUDA graphs)",
+        "--mixed-chunk",
+        "--enable-mixed-chunk",
     )
     cache_type: str = option("radix", "prefix cache", "--cache-type", "--cache", choices=("radix", "naive"))
     attention_backend: str = option(

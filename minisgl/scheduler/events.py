@@ -30,6 +30,7 @@ class BatchEvent:
     uids: list[int]
     starts: list[int]  # request i computes positions [starts[i], ends[i])
     ends: list[int]
+    riders: int  # a prefill batch's last ``riders`` rows are decodes riding along (mixed chunk)
     hit_tokens: int  # prompt tokens of the requests admitted by this batch served from the prefix cache
     pages_used: int  # held by running requests
     pages_cached: int  # held by the prefix cache (evictable or locked)
@@ -45,6 +46,11 @@ class BatchEvent:
     @property
     def num_tokens(self) -> int:
         return sum(e - s for s, e in zip(self.starts, self.ends))
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens computed (a decode batch's tokens are not, nor the riders of a prefill batch)."""
+        return 0 if self.kind == "decode" else self.num_tokens - self.riders
 
 
 BatchObserver = Callable[[BatchEvent], None]

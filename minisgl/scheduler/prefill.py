@@ -42,10 +42,11 @@ class PrefillManager:
         except ValueError:
             return False
 
-    def schedule(self, running: list[Req]) -> list[Extend]:
+    def schedule(self, running: list[Req], num_decoding: int) -> list[Extend]:
         """Extends of the next prefill batch (a newly admitted request's starts at its ``hit_len``).
-        ``running``: the admitted requests, whose reservations stand."""
-        budget = self.budget if self.budget is not None else float("inf")
+        ``running``: the admitted requests, whose reservations stand; ``num_decoding`` of them decode
+        (and wait for this batch)."""
+        budget = self.chunking.budget(self.budget if self.budget is not None else float("inf"), num_decoding)
         ctx = AdmissionContext(self.cache, self.table, self.admission, self.chunking, running, budget)
         if self.chunked is not None:
             ctx.add_extend(self.chunked)

@@ -137,26 +137,34 @@ class Scheduler:
             self._t_schedule = time.perf_counter()
         self._retracted = []
         decodable = self.decode.schedule()
-        if self.prefill.has_work and not self.chunking.decode_first(self._after_chunk, len(decodable)):
-            chunked = self.prefill.chunked
-            if chunked is not None:  # its reserved pages may have gone to decodes that outgrew theirs
-                p = self.page_size
-                self._make_room(lambda: self.cache.pages_for(chunked.device_len) - chunked.alloc_len // p, [])
+        mixed = self.config.mixed_chunk  # decodes ride in prefill batches: no separate decode step
+        if self.prefill.has_work and (mixed or not self.chunking.decode_first(self._after_chunk, len(decodable))):
+            chunked, riders = self.prefill.chunked, decodable if mixed else []
+            # the chunk's reserved pages may have gone to decodes that outgrew theirs; riders need theirs now
+            need = lambda: self._prompt_pages(chunked) + sum(r.alloc_len < r.device_len for r in riders)
+            self._make_room(need, riders)
             running = list(self.decode.running) + ([chunked] if chunked else [])
-            extends = self.prefill.schedule(running)
+            extends = self.prefill.schedule(running, len(decodable))
             for x in extends:
+                self.stats.prefill_tokens += x.end - x.start
                 if x.start == x.req.hit_len and x.req.epoch == 0:  # first chunk of a newly admitted request
                     self.stats.prompt_tokens += x.req.prompt_len
                     self.stats.hit_tokens += x.req.hit_len
             if extends:
                 self._after_chunk = self.prefill.chunked is not None
-                return self._batch(extends, "prefill")
+                batch = self._batch(extends + [Extend(r, r.device_len - 1, r.device_len) for r in riders], "prefill")
+                batch.riders = len(riders)
+                return batch
         self._after_chunk = False
         # a request needs a new page when the position it feeds next has none
         self._make_room(lambda: sum(r.alloc_len < r.device_len for r in decodable), decodable)
         if not decodable:
             return None
         return self._batch([Extend(r, r.device_len - 1, r.device_len) for r in decodable], "decode")
+
+    def _prompt_pages(self, req: Req | None) -> int:
+        """Pages a request still needs for what it must prefill (0 for None)."""
+        return 0 if req is None else self.cache.pages_for(req.device_len) - req.alloc_len // self.page_size
 
     def _make_room(self, pages: Callable[[], int], batch: list[Req]) -> None:
         """Retract running requests, newest first, until ``pages()`` fit in the free and evictable
@@ -221,8 +229,6 @@ class Scheduler:
             batch.sample_mask.append(keep)
             if keep and self.prefill.chunked is not req:
                 self.decode.add(req)
-        if batch.is_prefill:
-            self.stats.prefill_tokens += int(lens.sum())
         keep = [i for i, k in enumerate(batch.sample_mask) if k]
         self._sampled = (dev(i64(keep)), dev(ends[keep])) if len(keep) < batch.size else None
         if self.observers:
@@ -288,6 +294,7 @@ class Scheduler:
             uids=[r.uid for r in batch.reqs],
             starts=list(batch.starts),
             ends=list(batch.ends),
+            riders=batch.riders,
             hit_tokens=hits,
             pages_used=self.engine.num_pages - free - cached,
             pages_cached=cached,

@@ -10,6 +10,7 @@ a lab, which must keep full marks (a check that a strict test is not too strict)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,29 +55,38 @@ class Mutant:
         return folder
 
 
-def all_mutants() -> list[Mutant]:
-    from mutants.lab01_decoder import MUTANTS as lab01
-    from mutants.lab06_radix_cache import MUTANTS as lab06
+def lab_modules() -> list:
+    """The mutant modules of every lab (``mutants/labNN_*.py``), in lab order. Each defines ``STEM``,
+    ``MUTANTS``, ``RANDOMIZED`` ({fixed test: the randomized test that must fail with it}), and may
+    define ``EQUIVALENT`` (a correct solution written another way) and ``HIDDEN_MUTANTS``."""
+    import importlib
+    import pkgutil
 
-    return lab01 + lab06
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if re.fullmatch(r"lab\d\d_\w+", m.name))
+    return [importlib.import_module(f"mutants.{name}") for name in names]
+
+
+def all_mutants() -> list[Mutant]:
+    return [m for module in lab_modules() for m in module.MUTANTS]
 
 
 def all_equivalents() -> list[Mutant]:
-    from mutants.lab01_decoder import EQUIVALENT as lab01
-    from mutants.lab06_radix_cache import EQUIVALENT as lab06
+    return [module.EQUIVALENT for module in lab_modules() if hasattr(module, "EQUIVALENT")]
 
-    return [lab01, lab06]
+
+def all_hidden_mutants() -> list[Mutant]:
+    """Variants that pass the visible tests and must fail hidden ones (``hidden.py``, and each lab's)."""
+    from mutants.hidden import HIDDEN_MUTANTS
+
+    return HIDDEN_MUTANTS + [m for module in lab_modules() for m in getattr(module, "HIDDEN_MUTANTS", [])]
 
 
 def randomized_partners() -> dict[str, str]:
     """``{"lab01: rms_norm_fixed": "lab01: rms_norm_random", ...}``: the randomized test that must
     also fail whenever a fixed test of the same function fails (so a wrong implementation never
     collects the random test's points)."""
-    from mutants.lab01_decoder import RANDOMIZED as lab01
-    from mutants.lab06_radix_cache import RANDOMIZED as lab06
-
     return {
-        f"{lab}: {fixed}": f"{lab}: {rnd}"
-        for lab, table in (("lab01", lab01), ("lab06", lab06))
-        for fixed, rnd in table.items()
+        f"{module.STEM.split('_')[0]}: {fixed}": f"{module.STEM.split('_')[0]}: {rnd}"
+        for module in lab_modules()
+        for fixed, rnd in module.RANDOMIZED.items()
     }

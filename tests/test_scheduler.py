@@ -169,8 +169,7 @@ def test_default_cpu_budget_keeps_running_streams_moving(path):
     paused them 32.6 s with one batch). By default, while requests decode, a prefill batch computes
     at most CPU_PREFILL_LENGTH prompt tokens and the decodes run between two chunks; with nothing
     decoding, nobody waits, and one batch may take a whole long prompt (throughput)."""
-    from minisgl.engine.config import CPU_PREFILL_LENGTH
-    from minisgl.scheduler.chunking import IDLE_PREFILL_LENGTH
+    from minisgl.engine.config import CPU_PREFILL_LENGTH, GPU_PREFILL_LENGTH
 
     llm = LLM(path, dtype="float32", num_pages=4096)
     assert llm.config.max_prefill_length == CPU_PREFILL_LENGTH
@@ -180,7 +179,8 @@ def test_default_cpu_budget_keeps_running_streams_moving(path):
     sched.add_request(0, long, SP(max_tokens=2, ignore_eos=True))  # nothing decodes yet: one batch
     while sched.has_work:
         sched.step()
-    assert [e.prefill_tokens for e in events if e.kind == "prefill"] == [900] and 900 <= IDLE_PREFILL_LENGTH
+    assert [e.prefill_tokens for e in events if e.kind == "prefill"] == [900] and 900 <= GPU_PREFILL_LENGTH
+    assert llm.config.idle_prefill_length == GPU_PREFILL_LENGTH
     events.clear()
     for uid in range(1, 5):
         sched.add_request(uid, [5 + uid, 6, 7], SP(max_tokens=200, ignore_eos=True))

@@ -93,6 +93,11 @@ class EngineConfig:
         "--max-extend-length",
         parse=_length_or_auto,
     )
+    idle_prefill_length: int | str | None = option(
+        "auto",
+        "prompt tokens per prefill batch while no request decodes (nobody waits on it then)",
+        cli=False,
+    )
     mixed_chunk: bool = option(
         False,
         "decoding requests ride in prefill batches (one token each) instead of a decode step between two "
@@ -135,13 +140,16 @@ class EngineConfig:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.idle_prefill_length == "auto":  # the auto budget: GPU_PREFILL_LENGTH, else as when busy
+            auto = self.max_prefill_length == "auto"
+            self.idle_prefill_length = GPU_PREFILL_LENGTH if auto else self.max_prefill_length
         if self.max_prefill_length == "auto":
             cuda = self.torch_device.type == "cuda"
             self.max_prefill_length = GPU_PREFILL_LENGTH if cuda else CPU_PREFILL_LENGTH
-        if self.max_prefill_length is not None and (
-            not isinstance(self.max_prefill_length, int) or self.max_prefill_length < 1
-        ):
-            raise ValueError(f"max_prefill_length must be >= 1 (or None), got {self.max_prefill_length}")
+        for name in ("max_prefill_length", "idle_prefill_length"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be >= 1 (or None), got {value!r}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if not (0.0 < self.memory_ratio <= 1.0):

@@ -16,18 +16,16 @@ from abc import ABC, abstractmethod
 from minisgl.core import Req
 from minisgl.registry import Registry
 
-# nothing waits on a prefill batch when no request decodes: up to this many tokens then
-IDLE_PREFILL_LENGTH = 8192
-
 
 class ChunkingPolicy(ABC):
     """Lab 07's seam, registered in ``CHUNKING_POLICIES``."""
 
-    def budget(self, configured: float, num_decoding: int) -> float:
-        """New tokens the next prefill batch may compute, given the configured budget
-        (``max_prefill_length``; ``inf``: none) and the requests decoding now (each of them waits
-        for this batch: its time is a gap in their streams)."""
-        return configured
+    def budget(self, busy: float, idle: float, num_decoding: int) -> float:
+        """New tokens the next prefill batch may compute: the configured budgets are ``busy``
+        (``max_prefill_length``) and ``idle`` (``idle_prefill_length``; ``inf``: none), and
+        ``num_decoding`` requests decode now (each waits for this batch: its time is a gap in their
+        streams)."""
+        return busy if num_decoding else idle
 
     @abstractmethod
     def extend_end(self, req: Req, tokens_left: float) -> int:
@@ -45,12 +43,7 @@ class ChunkingPolicy(ABC):
 
 class GreedyChunking(ChunkingPolicy):
     """Fill the batch: a prompt takes all the tokens left; one decode step between two chunks, so
-    a long prompt delays the running requests' next token by one chunk at most. The configured
-    budget holds while requests decode; with none decoding, nobody waits, and a batch may take up to
-    ``IDLE_PREFILL_LENGTH`` tokens (a small CPU budget would only cost throughput then)."""
-
-    def budget(self, configured: float, num_decoding: int) -> float:
-        return configured if num_decoding else max(configured, IDLE_PREFILL_LENGTH)
+    a long prompt delays the running requests' next token by one chunk at most."""
 
     def extend_end(self, req: Req, tokens_left: float) -> int:
         return int(min(req.device_len, req.cached_len + tokens_left))

@@ -18,11 +18,13 @@ class PrefillManager:
         self,
         cache: CacheManager,
         table: ReqTable,
-        budget: int | None,
+        budgets: tuple[int | None, int | None],
         admission: AdmissionPolicy,
         chunking: ChunkingPolicy,
     ):
-        self.cache, self.table, self.budget = cache, table, budget
+        """``budgets``: prompt tokens per batch while requests decode, and while none does (None: no limit)."""
+        self.cache, self.table = cache, table
+        self.budgets = tuple(float("inf") if b is None else b for b in budgets)
         self.admission, self.chunking = admission, chunking
         self.pending: deque[Req] = deque()
         self.chunked: Req | None = None  # admitted, prompt partly prefilled: first in the next batch
@@ -46,7 +48,7 @@ class PrefillManager:
         """Extends of the next prefill batch (a newly admitted request's starts at its ``hit_len``).
         ``running``: the admitted requests, whose reservations stand; ``num_decoding`` of them decode
         (and wait for this batch)."""
-        budget = self.chunking.budget(self.budget if self.budget is not None else float("inf"), num_decoding)
+        budget = self.chunking.budget(*self.budgets, num_decoding)
         ctx = AdmissionContext(self.cache, self.table, self.admission, self.chunking, running, budget)
         if self.chunked is not None:
             ctx.add_extend(self.chunked)

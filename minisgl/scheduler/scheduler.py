@@ -53,7 +53,8 @@ class Scheduler:
         self.cache = CacheManager(e.num_pages, config.page_size, config.cache_type, self.table, parts.allocator)
         self.chunking = CHUNKING_POLICIES.get(parts.chunking)()
         self.admission = ADMISSION_POLICIES.get(parts.admission)()
-        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_length, self.admission, self.chunking)
+        budgets = (config.max_prefill_length, config.idle_prefill_length)
+        self.prefill = PrefillManager(self.cache, self.table, budgets, self.admission, self.chunking)
         self.decode = DecodeManager()
         self.loop = LOOPS.get(config.loop)(self)
         self.reqs: dict[int, Req] = {}

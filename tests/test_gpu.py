@@ -199,9 +199,11 @@ TP_FP32_ATOL = 1e-3
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_tp_matches_tp1(gpu_models, model, dtype, tp):
+@pytest.mark.parametrize("communicator", ["nccl", "symm-mem"])
+def test_tp_matches_tp1(gpu_models, model, dtype, tp, communicator):
     """TP=N gives TP=1's greedy tokens (up to near-ties) with graphs and overlap on: ``fa3,fi`` in
-    bfloat16; FlashInfer has no float32 kernels, so float32 runs the torch backend (eager)."""
+    bfloat16; FlashInfer has no float32 kernels, so float32 runs the torch backend (eager). Both
+    all-reduces: NCCL's, and the one-shot kernel over symmetric memory (eager and in graphs)."""
     if torch.cuda.device_count() < tp:
         pytest.skip(f"needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
     backend = "fa3,fi" if dtype == "bfloat16" else "torch"
@@ -211,6 +213,7 @@ def test_tp_matches_tp1(gpu_models, model, dtype, tp):
         dtype=dtype, attention_backend=backend, cuda_graph_max_bs=8, components={"loop": "overlap"}, page_size=16
     )
     ref = run(gpu_models[model], **cfg)[:2]
+    cfg["components"]["communicator"] = communicator
     tokens, logits, llm = run(gpu_models[model], tp_size=tp, **cfg)
     try:
         engine = llm.scheduler.engine

@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     add_engine_args(ap, ENGINE_FLAGS)
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--hf-max-requests", type=int, default=None, help="HF on a subset (it is slow)")
+    ap.add_argument("--communicator", default=None, help="the TP all-reduce (minisgl.distributed.COMMUNICATORS)")
     ap.add_argument("--repeats", type=int, default=1, help="time the workload N times (minisgl); report the median")
     ap.add_argument("--step-times", action="store_true", help="then split one more run's time by batch (minisgl)")
     ap.add_argument("--json", default=None, help="append the result to this JSON file")
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     w = make_workload(args.workload, args.num_requests)
     engine_args = engine_kwargs(args, ENGINE_FLAGS[1:])  # the model is LLM's first argument
+    if args.communicator:
+        engine_args["components"] = {"communicator": args.communicator}
     res = run_hf(w, args) if args.engine == "hf" else run_minisgl(w, args, engine_args)
     res["throughput"] = res["output_tokens"] / res["seconds"]
     res.update(

@@ -6,6 +6,7 @@
 Prints, per batch size (``--batch-size 256,64,16``), the wall time of a step (and tokens/s) next to
 the device time of its kernels: when wall time exceeds kernel time, the host is the bottleneck.
 Then the top device kernels and host operations of the first batch size's profiled steps.
+``--tp N`` profiles rank 0 of N (its kernels include the all-reduces).
 ``--trace PATH`` writes a Chrome trace of those steps (chrome://tracing).
 
 ``--prefill`` times prefill instead: batches of ``--batch-size`` fresh prompts of ``--prompt-len``
@@ -40,7 +41,7 @@ def top_ops(events, rows: int) -> str:
     return events.table(sort_by=key, row_limit=rows, max_name_column_width=90)
 
 
-ENGINE_FLAGS = ["model", "dummy_weight", "dtype", "page_size", "attention_backend", "cuda_graph_max_bs"]
+ENGINE_FLAGS = ["model", "dummy_weight", "dtype", "page_size", "attention_backend", "cuda_graph_max_bs", "tp_size"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,16 +52,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--temperature", type=float, default=0.6)
     add_engine_args(ap, ENGINE_FLAGS)
+    ap.add_argument("--communicator", default=None, help="the TP all-reduce (minisgl.distributed.COMMUNICATORS)")
     ap.add_argument("--trace", default=None)
     ap.add_argument("--host-profile", action="store_true", help="also cProfile the host side of a few steps")
     ap.add_argument("--prefill", action="store_true", help="profile prefill batches instead of decode steps")
     args = ap.parse_args(argv)
 
     sizes = [int(b) for b in str(args.batch_size).split(",")]
+    t = time.perf_counter()
     llm = LLM(
         **engine_kwargs(args, ENGINE_FLAGS),
         max_running_requests=max(sizes),
+        **({"components": {"communicator": args.communicator}} if args.communicator else {}),
     )
+    print(f"engine ready in {time.perf_counter() - t:.1f} s", flush=True)
     sched = llm.scheduler
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -78,14 +83,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.prefill:
         prefill(llm, args, sizes[0], rng, acts, sync)
         return
-    total_steps = args.steps + args.profile_steps + 5
+    # Requests admitted first decode between the prefill chunks of the others, so they need room for
+    # those steps too: none may finish before the profiled steps are over (checked below).
+    total_steps = args.steps + args.profile_steps * (2 if args.host_profile else 1) + 5
     for i, bs in enumerate(sizes):
+        budget = sched.config.max_prefill_length or bs * args.prompt_len
+        chunks = -(-bs * args.prompt_len // budget) + bs
         for uid in range(bs):
             prompt = [rng.randrange(0, 10000) for _ in range(args.prompt_len)]
-            params = SamplingParams(temperature=args.temperature, max_tokens=total_steps + 10, ignore_eos=True)
+            params = SamplingParams(temperature=args.temperature, max_tokens=total_steps + chunks, ignore_eos=True)
             sched.add(sched.make_request(10**6 * (i + 1) + uid, prompt, params))
+        t = time.perf_counter()
         while sched.prefill.has_work:  # prefill everything first
             sched.step()
+        print(f"prefill of {bs} x {args.prompt_len} tokens: {time.perf_counter() - t:.1f} s", flush=True)
         run(3)
         waited = sched.wait_seconds
         per_step = run(args.steps)
@@ -109,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
             with cProfile.Profile() as host:
                 run(args.profile_steps)
             pstats.Stats(host).sort_stats("tottime").print_stats(25)
+        if len(sched.reqs) != bs:
+            raise RuntimeError(f"only {len(sched.reqs)} of {bs} requests were still running at the end")
         if i == 0:
             if cuda:
                 print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90))

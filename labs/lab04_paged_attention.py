@@ -96,7 +96,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """``q`` ``[num_tokens, heads, D]``, ``k_slots``/``v_slots`` ``[num_slots, kv_heads, D]`` (the
     pool of one layer, indexed by slot). Returns ``[num_tokens, heads * D]`` in ``q.dtype``."""
-    raise NotImplementedError("Lab 04: gather K/V through md.kv_slots[md.token_req], head h reads KV head h // group; float32 softmax")
+    raise NotImplementedError("Lab 04: gather K/V via md.kv_slots[md.token_req]; head h reads KV head h // group; float32 softmax")
 
 
 class PagedAttentionBackend(AttentionBackend):

@@ -103,7 +103,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """``q`` ``[num_tokens, heads, D]``, ``k_slots``/``v_slots`` ``[num_slots, kv_heads, D]`` (the
     pool of one layer, indexed by slot). Returns ``[num_tokens, heads * D]`` in ``q.dtype``."""
-    # BEGIN SOLUTION hint="gather K/V through md.kv_slots[md.token_req], head h reads KV head h // group; float32 softmax"
+    # BEGIN SOLUTION hint="gather K/V via md.kv_slots[md.token_req]; head h reads KV head h // group; float32 softmax"
     n, heads, dim = q.shape
     kv_heads = k_slots.shape[1]
     slots = md.kv_slots[md.token_req]  # [N, L]: the slots of the keys each token may see

@@ -293,6 +293,9 @@ def check_metadata(md, sc: Scenario, what: str) -> None:
         got = md.kv_slots[i, :end]
         if not torch.equal(got, want):
             positions = "; these are the key positions themselves" if torch.equal(got, torch.arange(end)) else ""
+            for other in range(sc.table.max_rows):
+                if other != row and torch.equal(got, sc.table.page_table[other, :end].long()):
+                    positions = f"; that is row {other} of the page table: request {i} sits on row {row} (table_idx)"
             raise AssertionError(
                 f"{what}: kv_slots[{i}, :{end}] = {got.tolist()}, expected {want.tolist()}{positions}: a key's slot is "
                 f"page_table[row, position] with row = batch.reqs[{i}].table_idx (read the page table; slots are not "
@@ -313,11 +316,11 @@ def check_metadata(md, sc: Scenario, what: str) -> None:
 def test_metadata():
     """prepare_metadata builds kv_slots through the page table, token_req and the mask, fresh for
     every batch: a prefill batch, then the decode batch after it, on one backend."""
-    sc = make_scenario(4, [(3, 8), (0, 2), (5, 6)])
+    sc = make_scenario(4, [(3, 8), (0, 2), (5, 6)], rows=[3, 0, 5])  # rows as a busy table hands them out
     backend = lab.make_backend(copy.deepcopy(sc.pool), sc.table, sc.heads, sc.head_dim)
     first = copy.copy(sc.batch)
     backend.prepare_metadata(first)
-    check_metadata(first.attn_metadata, sc, "a prefill batch [(3, 8), (0, 2), (5, 6)] (page_size 4, shuffled pages)")
+    check_metadata(first.attn_metadata, sc, "a prefill batch [(3, 8), (0, 2), (5, 6)] on rows [3, 0, 5] (page_size 4)")
     dec = next_decode(sc)
     second = copy.copy(dec.batch)
     backend.prepare_metadata(second)
@@ -401,20 +404,23 @@ def test_attention_bfloat16():
         hint="compute in float32 and cast the result back to q.dtype",
         pitfalls=attention_pitfalls(q, ks, vs, kv_slots, token_req, mask, scale),
     )
-    units = (got.double() - exact).abs() / ulp(torch.maximum(got.double().abs(), exact.abs()), torch.bfloat16)
+    check_ulps(got, exact, what)
+
+
+def check_ulps(got: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    """Every value of ``got`` (bfloat16) within one unit in the last place of the float64 ``exact`` (plus 1e-5,
+    what float32 sums of a few hundred terms may lose where an output nearly cancels to 0)."""
+    err = (got.double() - exact).abs()
+    units = err / ulp(torch.maximum(got.double().abs(), exact.abs()), torch.bfloat16)
+    units = torch.where(err <= 1e-5, 0.0, units)
     if units.max() > 1:
         idx = tuple((units > 1).nonzero()[0].tolist())
-        bf16_softmax = exact_attention(q, ks, vs, kv_slots, token_req, mask, scale, softmax_dtype=torch.bfloat16)
-        cause = (
-            "this is what a softmax in bfloat16 gives: compute scores, softmax and the weighted sum in float32 and "
-            "round once at the end"
-            if torch.equal(got, bf16_softmax.to(torch.bfloat16)) or (units > 1).sum() > 1
-            else "round once, at the end, from float32"
-        )
         raise AssertionError(
             f"{what}: {int((units > 1).sum())} of {units.numel()} values are more than one bfloat16 unit in the last "
             f"place from the exact result (up to {units.max().item():.1f} units; first at {list(idx)}: exact "
-            f"{exact[idx].item():.6g}, got {got[idx].item():.6g}); {cause}"
+            f"{exact[idx].item():.6g}, got {got[idx].item():.6g}); something was rounded to bfloat16 before the end "
+            "(q or the scores before the softmax, the probabilities, or the weighted sum): compute in float32 and "
+            "round once, at the end"
         )
 
 
@@ -461,8 +467,8 @@ def test_backend_decode(page_size):
 
 @points(10)
 def test_backend_random():
-    """Random ragged batches (page sizes 1, 4, 16; GQA groups 1 to 4), each a prefill batch then the decode
-    step after it on the same backend: the outputs and the pool equal TorchBackend's."""
+    """Random ragged batches (page sizes 1, 4, 16; GQA groups 1 to 4; any request-table rows), each a prefill
+    batch then the decode step after it on the same backend: the outputs and the pool equal TorchBackend's."""
     lab.backend_class()
     _backend_random()
 
@@ -475,9 +481,10 @@ def test_backend_random():
         lambda xs: [(s, s + n) for s, n in xs]
     ),
     seed=st.integers(0, 1000),
+    rows=st.permutations(range(8)),
 )
-def _backend_random(page_size, heads, spans, seed):
-    sc = make_scenario(page_size, spans, heads=heads[0], kv_heads=heads[1], seed=seed)
+def _backend_random(page_size, heads, spans, seed, rows):
+    sc = make_scenario(page_size, spans, heads=heads[0], kv_heads=heads[1], seed=seed, rows=rows[: len(spans)])
     mine = lab.make_backend(sc.pool, sc.table, sc.heads, sc.head_dim)
     ref_pool = copy.deepcopy(sc.pool)
     ref = TorchBackend(ref_pool, sc.table, sc.heads, sc.head_dim)

@@ -1,6 +1,6 @@
-"""Lab 04, hidden tests: the backend's own ``scale``, scores far beyond ``exp``'s range, and requests on
-request-table rows that are not ``0..B-1``, with 64-token pages and contexts over several pages. Each
-calls the lab code first, so a stub fails at once with its hint."""
+"""Lab 04, hidden tests: the backend's own ``scale``, scores far beyond ``exp``'s range, and the precision
+contract in bfloat16 at head_dim 128 (a scale that is not a power of two) with 64-token pages and contexts
+over several pages. Each calls the lab code first, so a stub fails at once with its hint."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from autograder.checks import check_tensor, describe
 from autograder.points import points
 from autograder.test_lab04_paged_attention import (
     brute_mask,
-    check_backend,
+    check_ulps,
     exact_attention,
     forward_with,
     make_scenario,
@@ -66,10 +66,18 @@ def test_attention_large_scores():
 
 
 @points(4)
-def test_backend_rows_out_of_order():
-    """Requests on rows 5, 2 and 7 of the request table (in that order), 64-token pages, contexts over up
-    to three pages: each request reads its own row of the page table (``req.table_idx``)."""
-    spans = [(130, 141), (60, 61), (0, 70)]
-    check_backend(make_scenario(64, spans, rows=[5, 2, 7], seed=13), f"page_size 64, rows [5, 2, 7], batch {spans}")
-    sc = make_scenario(64, [(140, 141), (66, 67), (3, 4)], rows=[7, 0, 3], seed=14)
-    check_backend(sc, "a decode batch on rows [7, 0, 3], page_size 64")
+def test_bfloat16_head_dim_128_long_contexts():
+    """bfloat16 with head_dim 128 (Qwen3's; its scale 1/sqrt(128) is not a power of two), 64-token pages,
+    contexts over up to three pages, rows out of order: within one bfloat16 unit of exact attention."""
+    spans = [(130, 141), (60, 61), (0, 40)]
+    sc = make_scenario(64, spans, heads=4, kv_heads=2, head_dim=128, dtype=torch.bfloat16, rows=[5, 2, 7], seed=13)
+    mine = lab.make_backend(sc.pool, sc.table, sc.heads, sc.head_dim)
+    got = forward_with(mine, sc)
+    rows = torch.tensor([5, 2, 7])
+    starts, ends = sc.batch.starts, sc.batch.ends
+    kv_slots = sc.table.page_table[rows, : max(ends)].long()
+    token_req = torch.repeat_interleave(torch.arange(3), torch.tensor(ends) - torch.tensor(starts))
+    exact = exact_attention(
+        sc.q, sc.pool.k_slots(1), sc.pool.v_slots(1), kv_slots, token_req, brute_mask(starts, ends), 128**-0.5
+    )
+    check_ulps(got, exact, f"forward(q {describe(sc.q)}), page_size 64, batch {spans}")

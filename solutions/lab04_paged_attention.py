@@ -1,0 +1,142 @@
+"""Lab 04: attention over pages, in PyTorch.
+
+You implement ``PagedAttentionBackend``, an ``AttentionBackend`` (read ``minisgl/attention/base.py``
+first: it is the interface the engine calls). The engine creates it once with the KV pool and the
+request table; per batch it calls ``prepare_metadata(batch)`` once, then ``forward`` in every layer.
+
+A batch is ragged: request ``i`` (request-table row ``batch.reqs[i].table_idx``) extends positions
+``[starts[i], ends[i])``; positions ``[0, starts[i])`` are its cached prefix, whose K/V are already
+in the pool. Its tokens sit in the flat batch one request after the other::
+
+    request   starts ends   flat tokens (position)     keys each token sees
+    0         3      6      t0 (3) t1 (4) t2 (5)       0..3, 0..4, 0..5     a prefill after a cached prefix
+    1         7      8      t3 (7)                     0..7                 a decode row
+
+    page_table[row, position] -> KV slot (page * page_size + offset); k_slots(layer)[slot] -> [kv_heads, D]
+
+Contract (the grader compares every result with the engine's ``TorchBackend``):
+
+* ``key_mask(starts, ends)``: ``[num_tokens, max(ends)]`` bool, ``True`` where a token may attend to
+  a key position. The token at position ``p`` of a request sees keys ``0..p`` (its cached prefix
+  too), and never a key position ``>= ends[i]`` (padding: requests are padded to the longest).
+  When every request extends one token (a decode batch) each query sits at ``ends[i] - 1`` and sees
+  all of its request's keys.
+* ``prepare_metadata(batch)``: fill ``batch.attn_metadata`` with a fresh ``PagedMetadata`` for
+  *this* batch (the engine calls it once per batch; never reuse another batch's): ``kv_slots``
+  ``[B, max(ends)]`` int64, row ``i`` = the page table of ``batch.reqs[i].table_idx`` (positions
+  past ``ends[i]`` may hold anything); ``token_req`` ``[num_tokens]`` int64, the request of each
+  token; ``mask`` from ``key_mask``. All on the page table's device.
+* ``paged_attention(q, k_slots, v_slots, md, scale)``: ``q`` ``[num_tokens, heads, D]``; returns
+  ``[num_tokens, heads * D]`` in ``q.dtype``. Query head ``h`` reads KV head ``h // (heads //
+  kv_heads)`` (grouped-query attention: consecutive query heads share a KV head). Scores
+  ``q . k * scale``, masked, softmax over keys, weighted sum of values.
+* ``forward(q, k, v, layer_id, batch)``: first store the new ``k``/``v`` of layer ``layer_id`` at
+  slots ``batch.out_loc`` (``self.pool.store``), then attend: the batch's own tokens are keys too.
+* **Precision.** Scores, softmax and the weighted sum in float32, rounded once to ``q.dtype``:
+  float32 results match ``TorchBackend`` within 1e-5; bfloat16 results are within one bfloat16 unit
+  in the last place of the exact (float64) attention of the same inputs.
+* Page sizes 1 and 16 (any page size: the page table already maps positions to slots), grouped-query
+  attention, float32 and bfloat16, CPU (no CUDA graphs).
+
+Pitfalls the grader recognises (its messages name them):
+
+* the mask: positions counted from the first new token instead of from 0 (forgetting the cached
+  prefix: ``p = starts[i] + t``); ``<`` instead of ``<=`` (a token must see itself); a decode row
+  that sees only its new token, or that also sees the padding past its request's end;
+* the metadata: key positions used as slots (read the page table), or one batch's metadata kept
+  and reused for the next;
+* the math: query head ``h`` reading KV head ``h % kv_heads`` instead of ``h // group``; a scale
+  other than ``scale`` (``1/sqrt(D)``); the softmax in bfloat16;
+* ``forward``: attending before storing the new K/V (the batch's tokens then read stale slots).
+
+Grading: ``python -m autograder lab04`` checks ``key_mask`` on fixed and random batches, the
+metadata, the attention math in float32 and bfloat16 against an exact oracle, the whole backend
+against ``TorchBackend`` on ragged batches (cached prefixes, decode rows, page sizes 1 and 16,
+grouped-query attention), then runs the engine with ``attention_backend=<your backend>`` and
+checks its greedy tokens equal the reference engine's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.attention.base import AttentionBackend
+from minisgl.core import Batch
+
+
+@dataclass
+class PagedMetadata:
+    kv_slots: torch.Tensor  # [B, max_len] int64: KV slot of each key position of each request
+    token_req: torch.Tensor  # [num_tokens] int64: the request of each token of the flat batch
+    mask: torch.Tensor  # [num_tokens, max_len] bool: True where the token may attend to the key
+
+
+def token_requests(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``[num_tokens]`` int64: the index of the request each token of the flat batch belongs to."""
+    return torch.repeat_interleave(torch.arange(len(starts)), ends - starts)
+
+
+def token_positions(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``[num_tokens]`` int64: the position of each token in its request (``starts[i] .. ends[i]-1``)."""
+    q_lens = ends - starts
+    first = torch.cumsum(q_lens, 0) - q_lens  # index of each request's first token in the flat batch
+    return torch.arange(int(q_lens.sum())) - torch.repeat_interleave(first - starts, q_lens)
+
+
+def key_mask(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``[num_tokens, max(ends)]`` bool: which key positions each token may attend to (int64 CPU
+    ``starts``/``ends``, one entry per request)."""
+    # BEGIN SOLUTION hint="token at position p = starts[i] + t sees keys 0..p; a decode row sees keys 0..ends[i]-1"
+    max_len = int(ends.max())
+    kpos = torch.arange(max_len)
+    if bool(((ends - starts) == 1).all()):  # decode: one query per request, at position ends - 1
+        return kpos[None, :] < ends[:, None]
+    positions = token_positions(starts, ends)
+    return kpos[None, :] <= positions[:, None]
+    # END SOLUTION
+
+
+def paged_attention(
+    q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, md: PagedMetadata, scale: float
+) -> torch.Tensor:
+    """``q`` ``[num_tokens, heads, D]``, ``k_slots``/``v_slots`` ``[num_slots, kv_heads, D]`` (the
+    pool of one layer, indexed by slot). Returns ``[num_tokens, heads * D]`` in ``q.dtype``."""
+    # BEGIN SOLUTION hint="gather K/V via md.kv_slots[md.token_req]; head h reads KV head h // group; float32 softmax"
+    n, heads, dim = q.shape
+    kv_heads = k_slots.shape[1]
+    slots = md.kv_slots[md.token_req]  # [N, L]: the slots of the keys each token may see
+    kv_head = torch.arange(heads, device=q.device) // (heads // kv_heads)  # GQA: h // group
+    keys = k_slots[slots][:, :, kv_head].float()  # [N, L, H, D]
+    values = v_slots[slots][:, :, kv_head].float()
+    scores = torch.einsum("nhd,nlhd->nhl", q.float(), keys) * scale
+    scores = scores.masked_fill(~md.mask[:, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1)
+    out = torch.einsum("nhl,nlhd->nhd", probs, values)
+    return out.to(q.dtype).reshape(n, heads * dim)
+    # END SOLUTION
+
+
+class PagedAttentionBackend(AttentionBackend):
+    """Attention over paged KV in plain PyTorch: the engine's ``attention_backend="lab04"``."""
+
+    name = "lab04"
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        # BEGIN SOLUTION hint="kv_slots = page_table[rows, :max(ends)] (rows = req.table_idx), token_req, key_mask"
+        device = self.page_table.device
+        starts = torch.tensor(batch.starts, dtype=torch.int64)
+        ends = torch.tensor(batch.ends, dtype=torch.int64)
+        rows = torch.tensor([req.table_idx for req in batch.reqs], dtype=torch.int64, device=device)
+        kv_slots = self.page_table[rows, : int(ends.max())].to(torch.int64)
+        token_req = token_requests(starts, ends).to(device)
+        batch.attn_metadata = PagedMetadata(kv_slots, token_req, key_mask(starts, ends).to(device))
+        # END SOLUTION
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        # BEGIN SOLUTION hint="self.pool.store(layer_id, batch.out_loc, k, v) first, then paged_attention on that layer"
+        self.pool.store(layer_id, batch.out_loc, k, v)
+        k_slots, v_slots = self.pool.k_slots(layer_id), self.pool.v_slots(layer_id)
+        return paged_attention(q, k_slots, v_slots, batch.attn_metadata, self.scale)
+        # END SOLUTION

@@ -210,3 +210,68 @@ def test_server_rank_dying_before_it_joins_stops_the_server(tiny_llama, tmp_path
         )
     finally:
         server.stop()
+
+
+def test_two_nodes_serve_tp1s_tokens(tiny_llama, tmp_path):
+    """``--nnodes 2``: two launches on this machine act as two nodes of TP=2 (gloo over TCP). Node 0
+    serves HTTP with rank 0; node 1 runs only rank 1 (no HTTP, no tokenizer). Greedy answers equal
+    TP=1's; stopping node 0 ends node 1 as well."""
+    import subprocess
+    import sys
+
+    import httpx
+    import psutil
+    from server_utils import REPO, ServerProcess, server_env
+
+    ref = LLM(str(tiny_llama), dtype="float32").generate(PROMPTS[:2], PARAMS, use_tqdm=False)
+    meet = f"127.0.0.1:{free_port()}"
+    common = ["--model", str(tiny_llama), "--tp", "2", "--dtype", "float32", "--nnodes", "2", "--dist-init-addr", meet]
+    node0 = ServerProcess([*common, "--node-rank", "0"], tmp_path)
+    with open(tmp_path / "node1.log", "w") as log:
+        node1 = subprocess.Popen(
+            [sys.executable, "-m", "minisgl", *common, "--node-rank", "1"],
+            cwd=REPO,
+            env=server_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        node0.wait_ready()
+        spawned = [c for c in psutil.Process(node1.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(spawned) == 1  # rank 1 only: no tokenizer, no detokenizer
+        assert node1.poll() is None
+        for prompt, out in zip(PROMPTS[:2], ref):
+            r = httpx.post(
+                f"{node0.url}/v1/completions",
+                json=dict(prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True),
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == decoded_text(tiny_llama, out.token_ids)
+    finally:
+        assert node0.stop() == 0
+        try:
+            node1.wait(30)  # its rank loses rank 0 and exits; the node follows
+        finally:
+            node1.kill()
+    log = (tmp_path / "node1.log").read_text()
+    assert node1.returncode == 0, log
+    assert "node 1 of 2: ranks [1]" in log and "rank 0 has gone" in log and "Traceback" not in log, log
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--tp", "3", "--nnodes", "2", "--dist-init-addr", "h:1"], "does not split over --nnodes 2"),
+        (["--tp", "2", "--nnodes", "2"], "needs --dist-init-addr"),
+        (["--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "h:1"], "--node-rank must be in 0..1"),
+        (["--tp", "2", "--nnodes", "2", "--dist-init-addr", "nohost"], "must be HOST:PORT"),
+        (["--nnodes", "0"], "--nnodes must be >= 1"),
+    ],
+)
+def test_bad_node_flags_are_usage_errors(flags, error, capsys):
+    from minisgl.server.args import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(flags)
+    assert e.value.code == 2 and error in capsys.readouterr().err

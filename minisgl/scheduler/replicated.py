@@ -93,10 +93,19 @@ class ReplicatedScheduler(Scheduler):
         broadcast_objects([[Command("stop")]])
 
 
+class LeaderGone(RuntimeError):
+    """Rank 0 closed its connection while this rank waited for its next commands (its server or
+    node stopped, or it died between steps)."""
+
+
 def follow(sched: Scheduler) -> None:
-    """Ranks 1..N-1: apply rank 0's commands and step whenever there is work, until told to stop."""
+    """Ranks 1..N-1: apply rank 0's commands and step whenever there is work, until told to stop
+    (or until rank 0 is gone: ``LeaderGone``)."""
     while True:
-        (commands,) = broadcast_objects(None)
+        try:
+            (commands,) = broadcast_objects(None)
+        except RuntimeError as e:  # gloo: "Connection closed by peer"
+            raise LeaderGone(str(e).splitlines()[0][:300]) from e
         for cmd in commands:
             if cmd.kind == "stop":
                 return

@@ -41,6 +41,15 @@ class ServerArgs:
     max_connections: int | None = None  # None: DEFAULT_MAX_CONNECTIONS, or what the open-file limit allows
     request_timeout: float | None = None  # seconds; None: requests may run as long as they need
     health_timeout: float = HEALTH_TIMEOUT_S
+    nnodes: int = 1  # machines the TP ranks spread over; node 0 runs the API server and rank 0
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # host:port of node 0's rendezvous (required with nnodes > 1)
+
+    @property
+    def ranks(self) -> range:
+        """The TP ranks this node runs: ``tp / nnodes`` consecutive ones."""
+        per_node = self.engine.get("tp_size", 1) // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
     @property
     def url(self) -> str:
@@ -117,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="GET /health answers 503 when a worker has not answered its heartbeat for S seconds "
         f"(default {HEALTH_TIMEOUT_S:g}; a long step does not count)",
     )
+    nodes = ap.add_argument_group("several machines (tensor parallelism across nodes)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks spread over (default 1)")
+    nodes.add_argument(
+        "--node-rank", type=int, default=0, help="this machine's index; node 0 serves HTTP and runs rank 0 (default 0)"
+    )
+    nodes.add_argument(
+        "--dist-init-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="an address of node 0 that every node reaches, where the ranks meet (required with --nnodes > 1)",
+    )
     add_engine_args(ap.add_argument_group("engine"))
     return ap
 
@@ -141,6 +161,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         ap.error(f"--request-read-timeout must be > 0 seconds, got {ns.request_read_timeout}")
     if ns.max_connections is not None and ns.max_connections < 1:
         ap.error(f"--max-connections must be >= 1, got {ns.max_connections}")
+    check_nodes(ap, ns, engine.get("tp_size", 1))
     return ServerArgs(
         engine,
         ns.host,
@@ -153,7 +174,27 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         max_sequences_per_request=ns.max_sequences_per_request,
         request_timeout=ns.request_timeout,
         health_timeout=ns.health_timeout,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        dist_init_addr=ns.dist_init_addr,
     )
+
+
+def check_nodes(ap: argparse.ArgumentParser, ns: argparse.Namespace, tp: int) -> None:
+    if ns.nnodes < 1:
+        ap.error(f"--nnodes must be >= 1, got {ns.nnodes}")
+    if tp % ns.nnodes:
+        ap.error(f"--tp {tp} does not split over --nnodes {ns.nnodes}: every node runs the same number of ranks")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        ap.error(f"--node-rank must be in 0..{ns.nnodes - 1}, got {ns.node_rank}")
+    if ns.nnodes > 1 and ns.dist_init_addr is None:
+        ap.error("--nnodes > 1 needs --dist-init-addr HOST:PORT (an address of node 0 every node reaches)")
+    if ns.dist_init_addr is not None:
+        host, _, port = ns.dist_init_addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            ap.error(f"--dist-init-addr must be HOST:PORT, got {ns.dist_init_addr!r}")
+    if ns.node_rank > 0 and ns.shell:
+        ap.error("--shell runs on node 0 (--node-rank 0)")
 
 
 def _seconds(text: str) -> float:

@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from minisgl.message import Addresses
 from minisgl.process import free_port, setup_logging
@@ -68,24 +68,30 @@ def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
-def start_workers(engine: dict[str, Any], addrs: Addresses, log_level: str) -> list[mp.Process]:
-    """Spawn (not fork: CUDA and torch's threads do not survive a fork) every child process."""
+def start_workers(args: ServerArgs, addrs: Addresses | None) -> list[mp.Process]:
+    """Spawn (not fork: CUDA and torch's threads do not survive a fork) this node's child processes:
+    its scheduler ranks, and on node 0 the tokenizer and the detokenizer."""
     from minisgl.engine.config import EngineConfig
     from minisgl.server.detokenizer_worker import run_detokenizer
     from minisgl.server.scheduler_worker import run_scheduler
     from minisgl.server.tokenizer_worker import run_tokenizer
 
     ctx = mp.get_context("spawn")
+    engine, log_level = args.engine, args.log_level
     tp = engine["tp_size"]
-    init = f"tcp://127.0.0.1:{free_port()}" if tp > 1 else ""
+    if args.dist_init_addr is not None:
+        init = f"tcp://{args.dist_init_addr}"
+    else:
+        init = f"tcp://127.0.0.1:{free_port()}" if tp > 1 else ""
     procs = []
-    for rank in range(tp):
+    for rank in args.ranks:
         cfg = EngineConfig.from_kwargs(**engine, tp_rank=rank, dist_init_method=init)
         name = "scheduler" if tp == 1 else f"scheduler-{rank}"
         procs.append(ctx.Process(target=run_scheduler, args=(cfg, addrs, log_level), name=name))
-    model, dummy = engine["model"], engine["dummy_weight"]
-    procs.append(ctx.Process(target=run_tokenizer, args=(model, dummy, addrs, log_level), name="tokenizer"))
-    procs.append(ctx.Process(target=run_detokenizer, args=(model, dummy, addrs, log_level), name="detokenizer"))
+    if args.node_rank == 0:
+        model, dummy = engine["model"], engine["dummy_weight"]
+        procs.append(ctx.Process(target=run_tokenizer, args=(model, dummy, addrs, log_level), name="tokenizer"))
+        procs.append(ctx.Process(target=run_detokenizer, args=(model, dummy, addrs, log_level), name="detokenizer"))
     for p in procs:
         p.start()
     return procs
@@ -213,6 +219,8 @@ def launch(args: ServerArgs) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2
+    if args.node_rank > 0:
+        return follow_node(args)
     from minisgl.server.connections import plan_connections
 
     limits = plan_connections(args.max_connections, args.request_read_timeout)
@@ -224,7 +232,7 @@ def launch(args: ServerArgs) -> int:
     old_term = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     procs: list[mp.Process] = []
     try:
-        procs = start_workers(args.engine, addrs, args.log_level)
+        procs = start_workers(args, addrs)
         return asyncio.run(_serve(args, addrs, sock, procs, limits))
     except KeyboardInterrupt:
         return 0
@@ -232,5 +240,30 @@ def launch(args: ServerArgs) -> int:
         stop_workers(procs)
         sock.close()
         shutil.rmtree(folder, ignore_errors=True)
+        signal.signal(signal.SIGTERM, old_term)
+        logger.info("stopped")
+
+
+def follow_node(args: ServerArgs) -> int:
+    """A node other than node 0: only its scheduler ranks, which join node 0's ranks at
+    ``--dist-init-addr`` and follow rank 0's command log; no HTTP, no tokenizer. Runs until a rank
+    exits (node 0 stopped, or a crash: code 1), Ctrl-C or SIGTERM."""
+    logger.info(
+        "node %d of %d: ranks %s, meeting at %s", args.node_rank, args.nnodes, list(args.ranks), args.dist_init_addr
+    )
+    old_term = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    procs: list[mp.Process] = []
+    try:
+        procs = start_workers(args, None)
+        while True:
+            for p in procs:
+                if p.exitcode is not None:
+                    logger.info("%s (pid %d) exited with code %s; stopping this node", p.name, p.pid, p.exitcode)
+                    return 0 if p.exitcode == 0 else 1
+            time.sleep(WATCH_INTERVAL_S)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_workers(procs)
         signal.signal(signal.SIGTERM, old_term)
         logger.info("stopped")

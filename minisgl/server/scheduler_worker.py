@@ -37,7 +37,7 @@ from minisgl.message import (
 )
 from minisgl.process import setup_child
 from minisgl.scheduler import Scheduler
-from minisgl.scheduler.replicated import ReplicatedScheduler, follow
+from minisgl.scheduler.replicated import LeaderGone, ReplicatedScheduler, follow
 from minisgl.scheduler.warmup import warm_up
 from minisgl.server.ipc import MsgReader, bind_inbox
 
@@ -198,8 +198,8 @@ class SchedulerWorker:
                 self._send(BatchTokenMsg(out))
 
 
-def run_scheduler(config: EngineConfig, addrs: Addresses, log_level: str) -> None:
-    """Process entry point (one per TP rank)."""
+def run_scheduler(config: EngineConfig, addrs: Addresses | None, log_level: str) -> None:
+    """Process entry point (one per TP rank; only rank 0 talks to the other processes, at ``addrs``)."""
     name = "scheduler" if config.tp_size == 1 else f"scheduler-{config.tp_rank}"
     setup_child(name, log_level)
     try:
@@ -211,7 +211,10 @@ def run_scheduler(config: EngineConfig, addrs: Addresses, log_level: str) -> Non
         logger.error("cannot start the engine: %s", e)
         sys.exit(1)
     if config.tp_rank > 0:
-        follow(sched)
+        try:
+            follow(sched)
+        except LeaderGone as e:  # on another node this is how a stop of node 0 arrives
+            logger.info("rank 0 has gone (%s); stopping", e)
         return
     if sched.device.type == "cuda":  # before the server says it is ready
         logger.info("warmed up in %.1f s", warm_up(sched))

@@ -128,7 +128,6 @@ def test_a_dead_rank_is_an_error_not_a_hang(tiny_llama):
 
 
 def test_server_with_tp2_matches_offline(tiny_llama, tmp_path):
-    import httpx
     from server_utils import ServerProcess, alive_pids, wait_until
 
     ref = LLM(str(tiny_llama), dtype="float32").generate(PROMPTS[:2], PARAMS, use_tqdm=False)
@@ -138,20 +137,26 @@ def test_server_with_tp2_matches_offline(tiny_llama, tmp_path):
         import psutil
 
         children = [c.pid for c in psutil.Process(server.proc.pid).children(recursive=True)]
-        for prompt, out in zip(PROMPTS[:2], ref):
-            r = httpx.post(
-                f"{server.url}/v1/completions",
-                json=dict(prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True),
-                timeout=60,
-            )
-            assert r.status_code == 200, r.text
-            assert r.json()["usage"]["completion_tokens"] == 12
-            text = decoded_text(tiny_llama, out.token_ids)
-            assert r.json()["choices"][0]["text"] == text
+        assert_greedy_answers(server.url, tiny_llama, ref)
     finally:
         assert server.stop() == 0
     # children exit as the launcher stops them (the multiprocessing resource tracker a moment later)
     assert wait_until(lambda: not alive_pids(children), 10), f"outlived the server: {alive_pids(children)}"
+
+
+def assert_greedy_answers(url: str, model, ref) -> None:
+    """The server at ``url`` answers ``PROMPTS[:2]`` greedily with ``ref``'s tokens."""
+    import httpx
+
+    for prompt, out in zip(PROMPTS[:2], ref):
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json=dict(prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True),
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 12
+        assert r.json()["choices"][0]["text"] == decoded_text(model, out.token_ids)
 
 
 def decoded_text(path, ids):
@@ -219,7 +224,6 @@ def test_two_nodes_serve_tp1s_tokens(tiny_llama, tmp_path):
     import subprocess
     import sys
 
-    import httpx
     import psutil
     from server_utils import REPO, ServerProcess, server_env
 
@@ -240,14 +244,7 @@ def test_two_nodes_serve_tp1s_tokens(tiny_llama, tmp_path):
         spawned = [c for c in psutil.Process(node1.pid).children() if "spawn_main" in " ".join(c.cmdline())]
         assert len(spawned) == 1  # rank 1 only: no tokenizer, no detokenizer
         assert node1.poll() is None
-        for prompt, out in zip(PROMPTS[:2], ref):
-            r = httpx.post(
-                f"{node0.url}/v1/completions",
-                json=dict(prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True),
-                timeout=60,
-            )
-            assert r.status_code == 200, r.text
-            assert r.json()["choices"][0]["text"] == decoded_text(tiny_llama, out.token_ids)
+        assert_greedy_answers(node0.url, tiny_llama, ref)
     finally:
         assert node0.stop() == 0
         try:

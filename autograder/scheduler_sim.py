@@ -100,6 +100,12 @@ def watched(cls: type[AdmissionPolicy]) -> type[AdmissionPolicy]:
                         f"(waiting order {_uid_list(waiting)}): admitting out of arrival order; admit in FIFO "
                         "order among the requests that fit"
                     )
+                if ctx.waits_for_batch_prefix(req):
+                    raise Violation(
+                        f"request {req.uid} was admitted although it shares a longer prefix with a prompt of this "
+                        "batch than the cache holds: it must wait one batch (ctx.waits_for_batch_prefix), then it "
+                        "reuses that prefix instead of computing it again"
+                    )
                 real_admit(req)
                 admitted.append(req)
                 if ctx.reserved_pages > ctx.available_pages():

@@ -44,6 +44,16 @@ class Reference(Optimistic):
         pass
 
 
+def reference_fits(req: Req, ctx: AdmissionContext) -> bool:
+    """The memory test of ``Reference.admit``: match (lock) the cached prefix, then compare what is
+    left; a request that does not fit is unmatched."""
+    ctx.match(req)
+    if ctx.pages_needed(req) <= ctx.available_pages() - ctx.reserved_pages:
+        return True
+    ctx.unmatch(req)
+    return False
+
+
 class FakeEngine:
     """What the scheduler uses of an ``Engine``, with a model that is a hash of (token, position)."""
 

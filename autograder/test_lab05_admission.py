@@ -23,21 +23,13 @@ from minisgl.models.config import ModelConfig
 AGING = sim.Reference.AGING
 
 
-def _reference_fits(self, req, ctx) -> bool:
-    ctx.match(req)
-    if ctx.pages_needed(req) <= ctx.available_pages() - ctx.reserved_pages:
-        return True
-    ctx.unmatch(req)
-    return False
-
-
 def only(part: str):
     """The lab's class with every method but ``part`` (``fits`` or ``admit``) the reference's, so each
     method earns its points on its own."""
     base = lab.policy_class()
     methods = {"reserved_len": sim.Reference.reserved_len}
     if part == "admit":
-        methods["fits"] = _reference_fits
+        methods["fits"] = lambda self, req, ctx: sim.reference_fits(req, ctx)
     return type(f"Only{part.title()}{base.__name__}", (base,), methods)
 
 

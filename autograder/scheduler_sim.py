@@ -48,10 +48,10 @@ def reference_fits(req: Req, ctx: AdmissionContext) -> bool:
     """The memory test of ``Reference.admit``: match (lock) the cached prefix, then compare what is
     left; a request that does not fit is unmatched."""
     ctx.match(req)
-    if ctx.pages_needed(req) <= ctx.available_pages() - ctx.reserved_pages:
-        return True
-    ctx.unmatch(req)
-    return False
+    if ctx.pages_needed(req) > ctx.available_pages() - ctx.reserved_pages:
+        ctx.unmatch(req)
+        return False
+    return True
 
 
 class FakeEngine:

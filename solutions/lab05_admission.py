@@ -8,7 +8,7 @@ starts in that batch. Yours reserves each request's whole ``max_tokens`` (as the
 so that the big one is not starved::
 
     waiting:  A(fits)  B(too big)  C(fits)  D(fits)  E(fits)
-    admit:    A        skip: B     C        D        stop: B was passed AGING = 2 times
+    admit:    A        skip: B     C        D        stop: B was passed AGING times (here 2; the lab's is 4)
 
 Contract (the grader compares every decision with a reference policy on the same scheduler state):
 

@@ -113,8 +113,8 @@ def check_tokens(got, logits: torch.Tensor, info: SamplingInfo, what: str, usual
         p_t = probs[r, t].item() if inside else float("nan")
         filtered = " (a token the filters removed, or a -inf logit: probability 0)" if inside and p_t == 0 else ""
         detail = (
-            f"u * total = {target[r].item():.6f} falls in token {w}'s CDF interval [{cdf[r, w - 1].item() if w else 0:.6f}, "
-            f"{cdf[r, w].item():.6f}]; you returned token {t}{filtered}"
+            f"u * total = {target[r].item():.6f} falls in token {w}'s CDF interval "
+            f"[{cdf[r, w - 1].item() if w else 0:.6f}, {cdf[r, w].item():.6f}]; you returned token {t}{filtered}"
             + (f" whose probability is {p_t:.4g}" if inside and p_t > 0 else "")
         )
     message = f"{what}: {len(bad)} of {n} rows differ from the engine's draw. Row {r} ({row_text(info, r)}): {detail}"
@@ -140,7 +140,16 @@ def _sorted_mask(logits: torch.Tensor, keep_sorted) -> torch.Tensor:
 
 
 def top_p_without_crossing(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    return _sorted_mask(logits, lambda o: o.softmax(-1).cumsum(-1) < top_p[:, None])
+    return _sorted_mask(logits, lambda o: (o.softmax(-1).cumsum(-1) < top_p[:, None]) | (top_p[:, None] >= 1))
+
+
+def masked_by_arithmetic(logits: torch.Tensor, filtered: torch.Tensor) -> torch.Tensor:
+    """``logits * keep + (1 - keep) * -inf``: 0 * -inf is NaN, so every kept logit turns NaN."""
+    keep = (~filtered.isinf()).float()
+    return logits * keep + (1 - keep) * INF
+
+
+NAN_FIX = "use masked_fill or torch.where: 0 * -inf is NaN"
 
 
 def top_k_exactly_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -256,6 +265,8 @@ def test_top_k_filter():
                     lambda: filter_logits(logits, make_info([1.0] * 7, top_k=[int(top_k.max())] * 7))),
             Pitfall("one k for the whole batch", "each row uses its own top_k[r] (gather per row)",
                     lambda: filter_logits(logits, make_info([1.0] * 7, top_k=[int(top_k[0])] * 7))),
+            Pitfall("masking by arithmetic (logits * keep + (1 - keep) * -inf)", NAN_FIX,
+                    lambda: masked_by_arithmetic(logits, filter_logits(logits, make_info([1.0] * 7, top_k=top_k)))),
         ],
     )  # fmt: skip
 
@@ -266,6 +277,7 @@ def _top_p_case():
     logits = torch.randn(6, V, generator=g) * 2
     logits[0] = INF
     logits[0, :4] = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()  # p = 0.7: keeps 0.5 and 0.3 (the crossing one)
+    logits[2, 7] = 30.0  # p = 1: the float32 mass before the other tokens rounds to 1.0, and they must stay
     logits[3, 20:] = INF  # top-k already ran
     top_p = torch.tensor([0.7, 0.001, 1.0, 0.9, 0.5, 0.95])
     return logits, top_p
@@ -288,8 +300,13 @@ def test_top_p_filter():
         pitfalls=[
             Pitfall("dropping the crossing token", "keep a token when the mass *before* it is < p (cumsum - p); "
                     "with p = 0.001 the top token must stay", lambda: top_p_without_crossing(logits, top_p)),
+            Pitfall("dropping tokens at p = 1", "a row with top_p = 1 keeps every token (row 2: one logit dominates, "
+                    "so the float32 mass before the others rounds to 1.0)",
+                    lambda: _sorted_mask(logits, lambda o: o.softmax(-1).cumsum(-1) - o.softmax(-1) < top_p[:, None])),
             Pitfall("one p for the whole batch", "each row uses its own top_p[r]",
                     lambda: filter_logits(logits, make_info([1.0] * 6, top_p=[top_p[0].item()] * 6))),
+            Pitfall("masking by arithmetic (logits * keep + (1 - keep) * -inf)", NAN_FIX,
+                    lambda: masked_by_arithmetic(logits, filter_logits(logits, make_info([1.0] * 6, top_p=top_p)))),
         ],
     )  # fmt: skip
 
@@ -352,12 +369,20 @@ def test_filters_random():
 def _filters_random(seed, rows, vocab):
     logits, temps, top_k, top_p = _random_case(seed, rows, vocab)
     ones = [1.0] * rows
-    check_tensor(lab.scale_logits(logits.clone(), temps), filter_logits(logits, make_info(temps, vocab=vocab)),
-                 f"scale_logits on a random [{rows}, {vocab}] batch, temperatures {temps.tolist()}", exact=True)
-    check_tensor(lab.top_k_filter(logits.clone(), top_k),
-                 filter_logits(logits, make_info(ones, top_k=top_k, vocab=vocab)),
-                 f"top_k_filter on a random [{rows}, {vocab}] batch, top_k {top_k.tolist()}", exact=True,
-                 hint="keep the logits >= each row's k-th largest")
+    check_tensor(
+        lab.scale_logits(logits.clone(), temps),
+        filter_logits(logits, make_info(temps, vocab=vocab)),
+        f"scale_logits on a random [{rows}, {vocab}] batch, temperatures {temps.tolist()}",
+        exact=True,
+    )
+    tied = (logits * 2).round() / 2  # top-k on logits with ties (top-p's boundary among ties is arbitrary)
+    check_tensor(
+        lab.top_k_filter(tied.clone(), top_k),
+        filter_logits(tied, make_info(ones, top_k=top_k, vocab=vocab)),
+        f"top_k_filter on a random [{rows}, {vocab}] batch of logits rounded to 0.5 (ties), top_k {top_k.tolist()}",
+        exact=True,
+        hint="keep the logits >= each row's k-th largest",
+    )
     check_tensor(lab.top_p_filter(logits.clone(), top_p),
                  filter_logits(logits, make_info(ones, top_p=top_p, vocab=vocab)),
                  f"top_p_filter on a random [{rows}, {vocab}] batch, top_p {top_p.tolist()}", exact=True,
@@ -507,7 +532,7 @@ def test_infinite_logits():
     logits[7, 5:50] = INF
     info = make_info([1.0, 0.8, 1.5, 0.0, 1.0, 0.7, 1.1, 0.9], top_k=[V, 10, 2, V, 20, V, V, 4],
                      top_p=[0.9, 1.0, 0.5, 1.0, 0.8, 0.3, 0.95, 0.9], steps=[2] * rows)  # fmt: skip
-    for step in range(4):
+    for _ in range(4):
         info = with_(info, steps=info.steps + 1)
         got = lab.sample(logits.clone(), info)
         check_tokens(
@@ -535,10 +560,10 @@ def test_batch_invariance():
             alone = int(lab.sample(logits[r : r + 1].clone(), rows_of(info, slice(r, r + 1)))[0])
             got = (int(batched[r]), int(reversed_[r]))
             assert got == (alone, alone), (
-                f"row {r} ({row_text(info, r)}) gave token {alone} alone, {got[0]} in a batch of {rows} and "
-                f"{got[1]} in the same batch reversed: a row's draw must depend only on its own seed and step "
-                "(u = uniform(info.seeds, info.steps)), not on its position in the batch (the row index as a seed) "
-                "or on a random generator shared by the batch"
+                f"row {r} gave token {alone} alone, {got[0]} in a batch of {rows}, {got[1]} in it reversed: not "
+                "batch-invariant (a random generator shared by the batch, or the row index as a seed?). A row's draw "
+                "depends only on its own seed and step: u = uniform(info.seeds, info.steps). "
+                f"Row {r}: {row_text(info, r)}"
             )
 
 

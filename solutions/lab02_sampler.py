@@ -15,8 +15,9 @@ Contract (what the autograder checks):
 * ``top_p_filter(logits, top_p)``: each row keeps the smallest set of its most likely tokens whose
   probabilities (``softmax`` of the row) sum to at least ``p``, and sets the others to ``-inf``. In
   words: sort by probability, and keep a token when the mass of the tokens *before* it is ``< p``,
-  so the token that crosses ``p`` is kept and the most likely token always is. ``p = 1`` keeps
-  every token of nonzero probability; the input may hold ``-inf`` already (top-k ran first).
+  so the token that crosses ``p`` is kept and the most likely token always is. A row with ``p = 1``
+  keeps every token: test it, since a float32 cumulative sum can reach 1.0 before the last tokens.
+  The input may hold ``-inf`` already (top-k ran first).
 * ``draw(logits, u)``: the inverse-CDF draw. With ``cdf = cumsum(softmax(logits))`` in float32,
   row ``r``'s token is the first ``i`` with ``cdf[i] >= u[r] * cdf[-1]`` (scale ``u`` by the total:
   a float32 CDF may end a little below 1). A token of logit ``-inf`` has probability 0 and can
@@ -43,7 +44,8 @@ Pitfalls the grader recognises (its messages name them):
   (``torch.topk``'s indices keep exactly ``k``); one ``k`` (the first row's, or the largest) for the
   whole batch instead of each row's own;
 * top-p: the crossing token dropped (keeping ``cumsum < p`` gives an empty set for a small ``p``);
-  top-p computed before the temperature, or on the whole distribution instead of what top-k kept;
+  tokens dropped at ``p = 1`` (the float32 mass before them rounds to 1.0); top-p computed before
+  the temperature, or on the whole distribution instead of what top-k kept;
 * masking by arithmetic (``logits * keep``): ``0 * -inf`` is ``NaN``;
 * greedy rows sampled; the step index ignored (every step draws the same ``u``); one random
   generator for the batch, or the row index as the seed (a row's token then depends on its
@@ -83,12 +85,12 @@ def top_k_filter(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 
 def top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """``-inf`` outside each row's nucleus: a token stays when the probability of the tokens more
-    likely than it sums to ``< p`` (the token crossing ``p`` stays)."""
+    likely than it sums to ``< p`` (the token crossing ``p`` stays); ``p = 1`` keeps every token."""
     # BEGIN SOLUTION hint="sort descending, softmax, mass before each token = cumsum - p; drop where it is >= top_p"
     ordered, order = logits.sort(dim=-1, descending=True)
     probs = ordered.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    drop_sorted = mass_before >= top_p[:, None]
+    drop_sorted = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
     drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
     # END SOLUTION

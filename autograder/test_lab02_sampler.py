@@ -134,8 +134,8 @@ def ref_tokens(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
 
 
 def _sorted_mask(logits: torch.Tensor, keep_sorted) -> torch.Tensor:
-    ordered, order = logits.sort(dim=-1, descending=True)
-    keep = torch.zeros_like(ordered, dtype=torch.bool).scatter_(1, order, keep_sorted(ordered))
+    values, indices = logits.sort(dim=-1, descending=True)
+    keep = torch.zeros_like(values, dtype=torch.bool).scatter_(1, indices, keep_sorted(values))
     return logits.masked_fill(~keep, INF)
 
 

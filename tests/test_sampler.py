@@ -151,3 +151,15 @@ def test_temperature_changes_diversity(tiny_llama):
     outs = llm.generate([[5, 6, 7]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     assert len({tuple(o.token_ids) for o in outs}) == 1
     assert math.isfinite(llm.cache_stats.hit_rate)
+
+
+def test_top_p_of_1_keeps_every_token_in_a_mixed_batch():
+    """A row with top_p = 1 is not filtered, even where a float32 cumsum reaches 1.0 before its tail and
+    another row of the batch needs top-p (its filter must not depend on the batch)."""
+    logits = torch.zeros(2, V)
+    logits[:, 3] = 30.0  # the mass before every other token rounds to 1.0 in float32
+    i = info(2, top_p=1.0)
+    i.top_p[1], i.need_top_p = 0.5, True
+    out = filter_logits(logits, i)
+    assert torch.equal(out[0], logits[0]), out[0]
+    assert out[1].isinf().sum() == V - 1

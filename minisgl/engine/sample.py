@@ -95,7 +95,7 @@ def filter_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
     """Temperature-scaled logits with tokens outside each row's top-k / top-p set to ``-inf``.
 
     top-k keeps tokens whose logit is >= the k-th largest; top-p keeps the smallest set of the most
-    likely tokens whose probabilities sum to >= p (the token that crosses p is kept)."""
+    likely tokens whose probabilities sum to >= p (the token that crosses p is kept; p = 1 keeps all)."""
     temps = torch.where(info.temperatures > 0, info.temperatures, torch.ones_like(info.temperatures))
     logits = logits / temps[:, None]
     if not (info.need_top_k or info.need_top_p):
@@ -109,7 +109,9 @@ def filter_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
     if info.need_top_p:
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
-        drop |= before >= info.top_p[:, None]
+        # p = 1 keeps every token: a float32 cumsum can reach 1 before the tail, and a row's filter must not
+        # depend on whether another row of its batch needs top-p
+        drop |= (before >= info.top_p[:, None]) & (info.top_p[:, None] < 1.0)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

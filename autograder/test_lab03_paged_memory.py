@@ -291,6 +291,8 @@ def expect_slots(table, row: int, start: int, want: list[int], what: str, wrong:
     if got_list == want:
         return
     named = [PITFALLS[name] for name, slots in (wrong or {}).items() if slots == got_list]
+    if not named and len(want) > 1 and (got_list[1:] == want[:-1] or got_list[:-1] == want[1:]):
+        named = ["a write lands one position off (positions start, ..., start + len(slots) - 1 change)"]
     raise AssertionError(
         f"{what}: slots({row}, {start}, {start + len(want)}) is {got_list}, expected {want}"
         + (f"\nthis is what happens when {named[0]}" if named else "")

@@ -8,10 +8,18 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from autograder.adapters import lab03 as lab
 from autograder.checks import first_token_difference
+from autograder.engine_runs import engine_failure
 from autograder.points import engine, points
 from minisgl.kvcache.table import TensorReqTable
 from minisgl.models.config import ModelConfig
@@ -429,8 +437,7 @@ class TableMachine(RuleBasedStateMachine):
     def where(self) -> str:
         return f"\noperations (page_size {self.p}), oldest first:\n" + "\n".join(f"  {x}" for x in self.log[-12:])
 
-    @precondition(lambda self: self.table is None)
-    @rule(p=st.sampled_from([1, 2, 4]))
+    @initialize(p=st.sampled_from([1, 2, 4]))
     def create(self, p):
         self.p, self.table = p, lab.make_table(MAX_ROWS, WIDTH, p)
         self.log.append(f"RequestTable(max_rows={MAX_ROWS}, max_seq_len={WIDTH}, page_size={p})")
@@ -583,15 +590,8 @@ def run_engine(model, page_size: int, components: dict | None) -> tuple[list[lis
 def run_student_engine(model, page_size: int):
     lab.make_allocator(4).alloc(1)  # a stub fails here, before any engine is built
     lab.make_table(2, 8).alloc_row()
-    with lab.registered() as components:
-        try:
-            return run_engine(model, page_size, components)
-        except (NotImplementedError, AssertionError) as e:
-            raise type(e)(f"the engine failed with your allocator and table (page_size={page_size}): {e}") from e
-        except Exception as e:
-            raise AssertionError(
-                f"the engine failed with your allocator and table (page_size={page_size}): {type(e).__name__}: {e}"
-            ) from e
+    with lab.registered() as components, engine_failure(f"your allocator and table (page_size={page_size})"):
+        return run_engine(model, page_size, components)
 
 
 @points(5, timeout=180)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -24,3 +26,16 @@ def generate_rounds(
         return tokens, cached, llm.cache_stats
     finally:
         llm.shutdown()
+
+
+@contextmanager
+def engine_failure(what: str) -> Iterator[None]:
+    """Anything the engine raises inside the block becomes the test's failure, saying what it ran
+    with (``what``: "your cache (page_size=4)"); a stub's ``NotImplementedError`` and the engine's
+    memory checks (``AssertionError``) keep their type."""
+    try:
+        yield
+    except (NotImplementedError, AssertionError) as e:
+        raise type(e)(f"the engine failed with {what}: {e}") from e
+    except Exception as e:
+        raise AssertionError(f"the engine failed with {what}: {type(e).__name__}: {e}") from e

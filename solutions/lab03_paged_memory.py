@@ -1,0 +1,205 @@
+"""Lab 03: paged KV memory, the page allocator and the request table.
+
+You implement the two bookkeeping parts of the engine's KV memory (read
+``minisgl/kvcache/allocator.py`` and ``minisgl/kvcache/table.py`` first: their interfaces are what
+the scheduler calls):
+
+* ``Allocator``, a ``PageAllocator``: which of the pool's pages ``[0, num_pages)`` are free;
+* ``RequestTable``, a ``ReqTable``: one row per running request, mapping each of its token
+  positions to the KV slot that holds that token's K and V::
+
+    pool slots:   page 0      page 1      page 2      page 3        (page_size = 4)
+                 [0 1 2 3]   [4 5 6 7]   [8 9 10 11] [12 13 14 15]
+    page_table[row r] = [8 9 10 11 | 0 1 2 3 | ...]   positions 0..7 of request r live in pages 2, 0
+
+Contract (the grader compares every result with the engine's ``FreeListAllocator`` and
+``TensorReqTable``, and with a simple model of both):
+
+**Allocator**
+
+* A new allocator has every page free: ``num_free == num_pages``.
+* ``alloc(n)`` returns ``n`` distinct free pages as an int64 tensor (``alloc(0)``: an empty int64
+  tensor) and they stop being free; which free pages, and in what order, is up to you. Asking for
+  more than ``num_free`` raises ``MemoryError`` and changes nothing (the same pages stay free).
+* ``free(pages)`` makes handed-out pages free again (they may be handed out by a later ``alloc``).
+  It raises ``RuntimeError`` and changes nothing when any page in it is outside ``[0, num_pages)``,
+  is already free (a double free, or a page never handed out), or appears twice in the call. Freeing
+  an empty tensor is a no-op. The engine passes int64 tensors.
+* ``num_free`` is the number of pages ``alloc`` can hand out now.
+
+**RequestTable** (``__init__``, ``write``, ``set_tokens`` and ``sync`` are given)
+
+* Rows ``[0, max_rows)`` are for requests; row ``dummy_row == max_rows`` is the dummy row (padding
+  requests of a CUDA-graph batch read and write it) and is never handed out. A new table has every
+  request row free (``num_free_rows == max_rows``).
+* ``alloc_row()`` hands out a free row (the caller checks ``num_free_rows`` first); ``free_row(row)``
+  gives it back, and raises ``RuntimeError`` and changes nothing when ``row`` is not a row in use
+  (never handed out, already freed, the dummy row, or any other number).
+* ``map_pages(rows, starts, ends, pages)``: request ``rows[i]`` gets positions ``[starts[i],
+  ends[i])`` (both multiples of ``page_size``, possibly equal), taking its pages in order from
+  ``pages``, request after request: position ``pos`` of a request lands in the page ``k`` places
+  into its share of ``pages`` where ``k = (pos - starts[i]) // page_size``, at slot
+  ``page * page_size + pos % page_size``. Pages need not be consecutive.
+* ``set_slots(row, start, slots)``: positions ``[start, start + len(slots))`` of ``row`` point at
+  ``slots`` (the prefix cache's slots of a matched prefix); no other position changes.
+* ``slots(row, start, end)`` and ``slots_at(rows, positions)`` read the table back: int64 tensors on
+  the host (the table stores int32).
+* ``point_dummy_row_at(slot)`` maps every position of the dummy row to ``slot``, on the device
+  (``page_table``) and in the host copy, and touches no other row.
+* All writes go through ``write(rows, cols, slots)``, which fills the host copy and remembers what
+  ``sync()`` must push to the device (on a CPU the two are one tensor, on a GPU they are not).
+
+Pitfalls the grader recognises (its messages name them):
+
+* allocator: a page handed out twice (``alloc`` that does not take its pages off the free list);
+  ``free`` that accepts a double free, or the same page twice in one call, or a page outside the
+  pool (a negative page id silently indexes from the end of a Python list); ``alloc`` or ``free``
+  that changes some state before it raises; freed pages that never come back (``num_free`` too low);
+* table: ``map_pages`` that ignores ``page_size`` (slot = page instead of ``page * page_size +
+  offset``), or keeps counting the offset past the end of a page (that assumes consecutive pages),
+  or gives every request the first pages of ``pages`` instead of taking them request after request;
+  ``set_slots`` writing one position off; ``slots`` returning int32; the dummy row handed out as a
+  request's row, or not filled everywhere; ``free_row`` that does not check its row.
+
+Grading: ``python -m autograder lab03`` runs fixed cases, random operation sequences (hypothesis
+state machines) against a model of each part, then runs the engine on your allocator and table
+(``LLM(components={"allocator": ..., "req_table": ...})``) at page sizes 1, 4 and 16: the generated
+tokens must equal the reference engine's, the memory checks must pass after every step, and once
+the cache is flushed every page and row must be free again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from minisgl.kvcache.allocator import PageAllocator
+from minisgl.kvcache.table import ReqTable
+
+
+class Allocator(PageAllocator):
+    """A queue of free page ids (freed pages go to the back) and a flag per page."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        super().__init__(num_pages, page_size)
+        self.free_pages: deque[int] = deque(range(num_pages))  # the pages alloc may hand out, next first
+        self.is_free: list[bool] = [True] * num_pages  # is_free[page]: the page is in free_pages
+
+    @property
+    def num_free(self) -> int:
+        # BEGIN SOLUTION hint="how many pages are on the free list"
+        return len(self.free_pages)
+        # END SOLUTION
+
+    def alloc(self, n: int) -> torch.Tensor:
+        # BEGIN SOLUTION hint="check n against num_free first (MemoryError), then take n pages off the free list"
+        if n > len(self.free_pages):
+            raise MemoryError(f"asked for {n} KV pages, {len(self.free_pages)} free")
+        pages = [self.free_pages.popleft() for _ in range(n)]
+        for page in pages:
+            self.is_free[page] = False
+        return torch.tensor(pages, dtype=torch.int64)
+        # END SOLUTION
+
+    def free(self, pages: torch.Tensor) -> None:
+        # BEGIN SOLUTION hint="check every page first (in the pool, handed out, not twice), then put them back"
+        ids = [int(page) for page in pages.tolist()]
+        if any(not 0 <= page < self.num_pages for page in ids):
+            raise RuntimeError(f"free of a page outside the pool [0, {self.num_pages}): {ids}")
+        if len(set(ids)) != len(ids) or any(self.is_free[page] for page in ids):
+            raise RuntimeError(f"double free of a KV page: {ids}")
+        for page in ids:
+            self.is_free[page] = True
+        self.free_pages.extend(ids)
+        # END SOLUTION
+
+
+class RequestTable(ReqTable):
+    """``max_rows + 1`` rows of ``width`` positions (the last row: the dummy row). On a GPU the
+    scheduler writes a host copy (``page_table_cpu``) and ``sync`` pushes the changes."""
+
+    def __init__(self, max_rows: int, max_seq_len: int, page_size: int, device: torch.device):
+        width = -(-max_seq_len // page_size) * page_size  # whole pages
+        self.max_rows, self.page_size, self.device = max_rows, page_size, torch.device(device)
+        self.dummy_row = max_rows
+        self.page_table = torch.zeros(max_rows + 1, width, dtype=torch.int32, device=self.device)
+        self.page_table_cpu = self.page_table if self.device.type == "cpu" else self.page_table.cpu()
+        self.token_pool = torch.zeros_like(self.page_table)
+        self.dirty: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows, cols) written since the last sync
+        self.free_rows: list[int] = list(range(max_rows - 1, -1, -1))  # pop() hands out row 0 first
+        self.in_use: list[bool] = [False] * max_rows
+
+    # ---- given: writes, tokens, sync ----------------------------------------------------------
+    def write(self, rows, cols, slots: torch.Tensor) -> None:
+        """``page_table[rows, cols] = slots`` on the host copy (``rows``/``cols``: ints or int64
+        tensors that broadcast against ``slots``), remembered for ``sync``."""
+        rows, cols = torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)
+        rows, cols = torch.broadcast_tensors(rows, cols)
+        self.page_table_cpu[rows, cols] = slots.to(torch.int32)
+        self.dirty.append((rows.flatten(), cols.flatten()))
+
+    def set_tokens(self, row: int, token_ids: list[int]) -> None:
+        ids = torch.tensor(token_ids, dtype=torch.int32)
+        self.token_pool[row, : len(token_ids)].copy_(ids, non_blocking=True)
+
+    def sync(self) -> None:
+        if self.dirty and self.page_table_cpu is not self.page_table:
+            rows = torch.cat([r for r, _ in self.dirty])
+            cols = torch.cat([c for _, c in self.dirty])
+            self.page_table[rows.to(self.device), cols.to(self.device)] = self.page_table_cpu[rows, cols].to(
+                self.device
+            )
+        self.dirty.clear()
+
+    # ---- rows --------------------------------------------------------------------------------
+    @property
+    def num_free_rows(self) -> int:
+        return len(self.free_rows)
+
+    def alloc_row(self) -> int:
+        # BEGIN SOLUTION hint="take a row off free_rows and mark it in use"
+        row = self.free_rows.pop()
+        self.in_use[row] = True
+        return row
+        # END SOLUTION
+
+    def free_row(self, row: int) -> None:
+        # BEGIN SOLUTION hint="raise RuntimeError unless 0 <= row < max_rows and the row is in use; then give it back"
+        if not (0 <= row < self.max_rows and self.in_use[row]):
+            raise RuntimeError(f"free_row({row}): the row is not in use")
+        self.in_use[row] = False
+        self.free_rows.append(row)
+        # END SOLUTION
+
+    # ---- the page table ----------------------------------------------------------------------
+    def map_pages(self, rows: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, pages: torch.Tensor) -> None:
+        # BEGIN SOLUTION hint="request after request: position pos -> slot page * page_size + pos % page_size"
+        p, k = self.page_size, 0  # k: the first page of this request's share of pages
+        for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist()):
+            pos = torch.arange(start, end, dtype=torch.int64)
+            page = pages[k + (pos - start) // p]
+            self.write(row, pos, page * p + pos % p)
+            k += (end - start) // p
+        # END SOLUTION
+
+    def set_slots(self, row: int, start: int, slots: torch.Tensor) -> None:
+        # BEGIN SOLUTION hint="write slots at positions start, start + 1, ..., start + len(slots) - 1"
+        self.write(row, torch.arange(start, start + len(slots), dtype=torch.int64), slots)
+        # END SOLUTION
+
+    def slots(self, row: int, start: int, end: int) -> torch.Tensor:
+        # BEGIN SOLUTION hint="read the host copy, as int64"
+        return self.page_table_cpu[row, start:end].to(torch.int64)
+        # END SOLUTION
+
+    def slots_at(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION hint="one slot per (rows[i], positions[i]) from the host copy, as int64"
+        return self.page_table_cpu[rows, positions].to(torch.int64)
+        # END SOLUTION
+
+    def point_dummy_row_at(self, slot: int) -> None:
+        # BEGIN SOLUTION hint="fill the dummy row with slot, in page_table and in page_table_cpu"
+        self.page_table[self.dummy_row].fill_(slot)
+        self.page_table_cpu[self.dummy_row].fill_(slot)
+        # END SOLUTION

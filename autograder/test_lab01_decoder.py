@@ -413,10 +413,9 @@ def dense_attention(q, k, v, scale, *, mask: str = "causal", heads: str = "inter
     if mask != "none":
         q_pos = torch.arange(s - t, s) if mask == "causal" else torch.arange(t)
         scores = scores.masked_fill(torch.arange(s)[None, None, :] > q_pos[None, :, None], float("-inf"))
-    if low == "softmax":
-        probs = scores.to(q.dtype).softmax(dim=-1).float()
-    else:
-        probs = scores.softmax(dim=-1)
+    # the normalisation runs in q.dtype only for the "softmax" pitfall
+    weights = scores.to(q.dtype) if low == "softmax" else scores
+    probs = torch.softmax(weights, dim=-1).float()
     values = spread(up(v))
     if low == "probs":
         probs, values = probs.to(q.dtype), spread(v)

@@ -86,6 +86,122 @@ def test_decodes_ride_in_chunked_prefill_batches(path):
     assert tokens == separate
 
 
+def test_admission_respects_memory_reservation(path):
+    """``reserve-all``: with room for two requests' full reservations, the third waits until one
+    finishes, and no request is ever retracted."""
+    llm = LLM(path, dtype="float32", num_pages=2 * 30, debug_checks=True, components={"admission": "reserve-all"})
+    sched = llm.scheduler
+    for uid in range(3):
+        sched.add_request(uid, [3 + uid] * 10, SP(max_tokens=21, ignore_eos=True))  # needs 30 slots
+    sched.step()
+    assert sched.num_running == 2 and sched.num_waiting == 1
+    while sched.has_work:
+        sched.step()
+        assert sched.num_running <= 2
+    assert sched.stats.retracted == 0
+
+
+LONG = SP(max_tokens=60, ignore_eos=True)
+
+
+@pytest.mark.parametrize("loop", ["plain", "overlap"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_retraction_when_decodes_outgrow_their_reservation_keeps_the_tokens(path, loop, page_size):
+    """A pool far too small for every request's max_tokens: the optimistic policy admits them all,
+    decodes run out, the newest are retracted and later recomputed, and every request still gets
+    exactly the tokens of a run with memory to spare (memory invariants checked after each step)."""
+    prompts = [[3 + i] * (4 + 3 * i) for i in range(6)]
+    big = LLM(path, dtype="float32", page_size=page_size, components={"loop": loop})
+    want = [o.token_ids for o in big.generate(prompts, LONG, use_tqdm=False)]
+    small = LLM(
+        path,
+        dtype="float32",
+        page_size=page_size,
+        num_pages=160 // page_size,
+        debug_checks=True,
+        components={"loop": loop},
+    )
+    events = []
+    small.scheduler.observers.append(events.append)
+    got = [o.token_ids for o in small.generate(prompts, LONG, use_tqdm=False)]
+    assert got == want
+    assert small.scheduler.stats.retracted > 0, "the pool was meant to run out"
+    assert max(e.num_running for e in events) > 2, "reserve-all would run two at a time"
+    assert [u for e in events for u in e.retracted], "observers see the retractions"
+    assert not small.scheduler.has_work
+    small.scheduler.check_memory()
+
+
+def test_a_request_that_fits_does_not_wait_behind_one_that_does_not(path):
+    """The small request behind a big one that does not fit starts at once; once AGING later
+    requests have passed it, the big one is not passed any more, and it runs when memory frees."""
+    from minisgl.scheduler import Optimistic
+
+    llm = LLM(path, dtype="float32", num_pages=300, debug_checks=True, max_prefill_length=None)
+    sched, events = llm.scheduler, []
+    sched.observers.append(events.append)
+    sched.add_request(0, [5] * 20, SP(max_tokens=200, ignore_eos=True))  # runs first, holds up to ~220 pages
+    sched.step()
+    sched.add_request(1, [6] * 150, SP(max_tokens=149, ignore_eos=True))  # does not fit beside it
+    sched.add_request(2, [7] * 5, SP(max_tokens=4, ignore_eos=True))  # fits
+    sched.step()
+    assert sched.reqs[2].is_admitted and not sched.reqs[1].is_admitted, "the small one passed the big one"
+    for uid in range(10, 10 + 2 * Optimistic.AGING):
+        sched.add_request(uid, [8] * 5, SP(max_tokens=4, ignore_eos=True))
+    while sched.has_work:
+        sched.step()
+    started = {}  # uid -> index of its first prefill batch
+    for e in events:
+        for uid in e.uids if e.kind == "prefill" else ():
+            started.setdefault(uid, e.index)
+    passed = sorted(u for u in started if u not in (0, 1) and started[u] < started[1])
+    assert len(passed) == Optimistic.AGING, f"{len(passed)} requests passed the big one (aging: {Optimistic.AGING})"
+    assert sched.stats.retracted == 0
+
+
+def test_requests_without_max_tokens_do_not_cap_concurrency(tmp_path_factory):
+    """A request that leaves max_tokens out may run to the end of the context (8192 here); reserving
+    all of it (reserve-all) runs pool / context of them at once. The default policy reserves a share
+    and runs more: here the answers end after three tokens, as chat answers end long before the
+    context does."""
+    from tiny_models import save_tiny_model
+
+    model = str(save_tiny_model("llama", tmp_path_factory.mktemp("long-context"), max_position_embeddings=8192))
+    prompts = [[3 + i, 4, 5] for i in range(16)]
+    ref = LLM(model, dtype="float32").generate(prompts, SP(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    # each request's third token stops it
+    params = [SP(max_tokens=None, stop_token_ids=[o.token_ids[2]]) for o in ref]
+    peak = {}
+    for policy in ("reserve-all", "default"):
+        llm = LLM(model, dtype="float32", num_pages=16384, components={"admission": policy})
+        events = []
+        llm.scheduler.observers.append(events.append)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert all(o.finish_reason == "stop" and len(o.token_ids) <= 3 for o in outs)
+        peak[policy] = max(e.num_running for e in events)
+    assert peak["reserve-all"] == 16384 // 8191 and peak["default"] >= 2 * peak["reserve-all"], peak
+
+
+def test_abort_frees_memory_at_once(path):
+    llm = LLM(path, dtype="float32", max_prefill_length=8, debug_checks=True)
+    sched = llm.scheduler
+    total = sched.engine.num_pages
+    sched.add_request(1, list(range(3, 40)), SP(max_tokens=50, ignore_eos=True))  # chunked
+    sched.add_request(2, [5, 6, 7], SP(max_tokens=50, ignore_eos=True))
+    sched.add_request(3, [8, 9], SP(max_tokens=50, ignore_eos=True))
+    sched.step()
+    assert sched.prefill.chunked is not None
+    assert sched.abort(1) and sched.abort(3)  # a chunked one and a waiting one
+    assert not sched.abort(1) and not sched.abort(12345)
+    for _ in range(3):
+        sched.step()
+    assert sched.abort(2)
+    assert not sched.has_work
+    sched.check_memory()
+    cache = sched.cache.cache
+    assert sched.cache.allocator.num_free + cache.evictable_size == total
+
+
 def test_full_prompt_hit_still_samples(path):
     llm = LLM(path, dtype="float32", cache_type="radix")
     p = SamplingParams(max_tokens=4, ignore_eos=True)

@@ -35,71 +35,98 @@ def measure(args: argparse.Namespace, chunk: int | str | None) -> dict:
     sched = llm.scheduler
     rng = random.Random(0)
     llm.generate([[rng.randrange(3, 10000) for _ in range(64)]], SamplingParams(max_tokens=2), use_tqdm=False)
-    decoders = list(range(8))
+    decoders = start_decoders(sched, 8, rng)
+    result = long_prompt_during_decodes(sched, [rng.randrange(3, 10000) for _ in range(args.prompt_len)], decoders)
+    return dict(
+        chunk=chunk,
+        prompt_len=args.prompt_len,
+        peak_mib=result["peak_bytes"] / 2**20,
+        max_gap_ms=result["max_gap_s"] * 1e3,
+        ttft_s=result["ttft_s"],
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
+
+
+def start_decoders(sched, n: int, rng: random.Random, prompt_len: int = 32, max_tokens: int = 1000) -> list[int]:
+    """Add ``n`` requests (uids 0..n-1, random ``prompt_len``-token prompts, ``max_tokens`` each, EOS
+    ignored) and step until all of them decode; returns their uids."""
+    from minisgl import SamplingParams
+
+    decoders = list(range(n))
     for uid in decoders:
         sched.add_request(
-            uid, [rng.randrange(3, 10000) for _ in range(32)], SamplingParams(max_tokens=10**6 // 1000, ignore_eos=True)
+            uid,
+            [rng.randrange(3, 10000) for _ in range(prompt_len)],
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         )
     while sched.num_waiting or sched.prefill.chunked is not None:
         sched.step()
     for _ in range(3):
         sched.step()
+    return decoders
+
+
+def long_prompt_during_decodes(sched, prompt: list[int], decoders: list[int], uid: int = 99) -> dict:
+    """Add ``prompt`` (as request ``uid``, one output token) while the requests ``decoders`` decode, and step
+    the scheduler until its first token. Returns ``max_gap_s``: the longest wait between two tokens of a
+    decoding request (or since its last token, for one that got none); ``ttft_s``: the prompt's time to first
+    token; ``peak_bytes``: the memory the forward passes took on top of what was in use before the prompt
+    arrived (GPU: ``torch.cuda.max_memory_allocated``; CPU: the resident set, sampled every ms); ``token_times``:
+    ``{uid: [perf_counter() of each token]}`` from the prompt's arrival (``t0``) on."""
+    from minisgl import SamplingParams
+
     cuda = torch.cuda.is_available()
-    sampler = None if cuda else _PeakRSS()
+    sampler = None if cuda else PeakRSS()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = _rss()
-    sched.add_request(
-        99, [rng.randrange(3, 10000) for _ in range(args.prompt_len)], SamplingParams(max_tokens=1, ignore_eos=True)
-    )
-    last = {u: time.perf_counter() for u in decoders}
-    gap, t0, ttft = 0.0, time.perf_counter(), None
+        base = rss()
+    sched.add_request(uid, list(prompt), SamplingParams(max_tokens=1, ignore_eos=True))
+    t0 = time.perf_counter()
+    last = {u: t0 for u in decoders}
+    times: dict[int, list[float]] = {u: [] for u in [*decoders, uid]}
+    gap, ttft = 0.0, None
     while ttft is None:
         events = sched.step()
         now = time.perf_counter()
         for ev in events:
-            if ev.uid == 99:
+            if ev.uid in times:
+                times[ev.uid].append(now)
+            if ev.uid == uid:
                 ttft = now - t0
             elif ev.uid in last:
                 gap = max(gap, now - last[ev.uid])
                 last[ev.uid] = now
     gap = max([gap] + [now - t for t in last.values()])  # a decoder that got no token at all
     peak = (torch.cuda.max_memory_allocated() if cuda else sampler.stop()) - base  # type: ignore[union-attr]
-    return dict(
-        chunk=chunk,
-        prompt_len=args.prompt_len,
-        peak_mib=peak / 2**20,
-        max_gap_ms=gap * 1e3,
-        ttft_s=ttft,
-        device="cuda" if cuda else "cpu",
-    )
+    return dict(max_gap_s=gap, ttft_s=ttft, peak_bytes=peak, t0=t0, token_times=times)
 
 
-def _rss() -> int:
+def rss() -> int:
+    """The resident set size of this process, in bytes."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-class _PeakRSS:
+class PeakRSS:
     """The highest resident set size seen by a thread that samples it every millisecond (the
     process's own peak counter would include model loading, which can be higher)."""
 
     def __init__(self):
-        self.peak, self._stop = _rss(), threading.Event()
+        self.peak, self._stop = rss(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.001):
-            self.peak = max(self.peak, _rss())
+            self.peak = max(self.peak, rss())
 
     def stop(self) -> int:
         self._stop.set()
         self._thread.join()
-        return max(self.peak, _rss())
+        return max(self.peak, rss())
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

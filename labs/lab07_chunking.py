@@ -18,7 +18,8 @@ The scheduler owns every counter: the policy only answers three questions, each 
 the request's own lengths (never from state it keeps itself: a retracted request starts over, and
 tensor-parallel ranks must all decide alike).
 
-Contract (the grader compares every answer with the engine's ``GreedyChunking`` and the default budgets):
+Contract (the grader compares every answer with the engine's own policy, ``GreedyChunking``, which keeps
+the interface's ``budget`` and ``decode_first``):
 
 * ``budget(busy, idle, num_decoding)``: the new tokens the next prefill batch may compute. ``busy``
   (``max_prefill_length``) while any request decodes (``num_decoding > 0``: each of them waits for this

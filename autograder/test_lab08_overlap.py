@@ -539,6 +539,8 @@ def engine_runs(model, page_size: int = 1) -> tuple[EngineRun, EngineRun]:
     from minisgl.scheduler import PlainLoop
 
     cls = lab.loop_class()
+    smoke = cls(RecordingPhases([True]))
+    smoke.step(), smoke.in_flight  # a stub fails here, before any engine runs
     reqs = workload(ModelConfig.from_path(model).vocab_size)
     eos = stop_tokens(model, reqs)
     with engine_failure("your loop"):

@@ -59,16 +59,18 @@ def static_buffers(max_bs: int, scratch_slot: int, dummy_row: int, device="cpu")
 
 
 class Bench:
-    """A CPU engine's model, KV pool, request table and torch backend (``page_size`` tokens a page),
-    for decode states built by hand."""
+    """A CPU engine's model (``None``: the embedded one), KV pool, request table and torch backend
+    (``page_size`` tokens a page), for decode states built by hand."""
 
-    def __init__(self, model: Path, page_size: int = 1, num_pages: int = 2048, rows: int = 48):
+    def __init__(
+        self, model: Path | None, page_size: int = 1, num_pages: int = 2048, rows: int = 48, dtype: str = "float32"
+    ):
         from minisgl.engine import Engine, EngineConfig
 
         cfg = EngineConfig(
-            model=str(model),
+            model=None if model is None else str(model),
             device="cpu",
-            dtype="float32",
+            dtype=dtype,
             attention_backend="torch",
             page_size=page_size,
             num_pages=num_pages // page_size,

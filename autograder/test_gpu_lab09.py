@@ -2,8 +2,8 @@
 the engine's ``components={"graph_plan": ...}``). Not graded by ``python -m autograder`` (a CPU has no
 CUDA graphs) and skipped without CUDA; on a GPU machine run::
 
-    pytest autograder/test_gpu_lab09.py            # your labs/
-    pytest autograder/test_gpu_lab09.py --impl solutions
+    pytest autograder/test_gpu_lab09.py                 # your labs/
+    pytest autograder/test_gpu_lab09.py --impl FOLDER   # the lab files in another folder
 
 A tiny random Llama (head_dim 128, bfloat16, FlashInfer decode) generates with graphs of 1, 2, 4, 8 rows;
 at every decode step the graph's logits are compared with the eager forward of the same batch, and the

@@ -39,6 +39,8 @@ def test_bucket_refuses_a_batch_larger_than_every_graph():
             got = plan.bucket(n, sizes)
         except ValueError:
             continue
+        except NotImplementedError:
+            raise  # a stub: its hint says what to write
         except Exception as e:
             raise AssertionError(
                 f"bucket({n}, {sizes}) raised {type(e).__name__}: {e}; expected ValueError (n > sizes[-1])"

@@ -8,6 +8,7 @@ from collections import Counter
 
 from minisgl.attention import TorchBackend
 from minisgl.distributed import TorchCommunicator
+from minisgl.engine.graph import BucketPlan
 from minisgl.engine.sample import DefaultSampler
 from minisgl.kvcache import FreeListAllocator, RadixPrefixCache, TensorReqTable
 from minisgl.layers import RowParallelLinear, TPLayers, apply_rotary, rms_norm, rope_inv_freq, silu_and_mul
@@ -67,6 +68,14 @@ class Chunking(GreedyChunking):
     def extend_end(self, req, tokens_left):
         CALLS["chunking"] += 1
         return super().extend_end(req, tokens_left)
+
+
+class GraphPlan(BucketPlan):
+    """The CUDA-graph plan: the engine calls it only on a GPU (test_gpu.py)."""
+
+    def pad(self, static, batch, bs, scratch_slot, dummy_row):
+        CALLS["graph_plan"] += 1
+        return super().pad(static, batch, bs, scratch_slot, dummy_row)
 
 
 class Loop(PlainLoop):

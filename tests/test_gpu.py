@@ -169,6 +169,25 @@ def test_graph_replay_is_used_and_padding_is_harmless(gpu_models):
     assert_same_greedy((tokens, logits), eager)
 
 
+def test_a_registered_graph_plan_is_what_runs(gpu_models):
+    """The CUDA-graph plan is a seam (``components={"graph_plan": name}``): a recording plan selected by
+    name pads every replayed batch, and the tokens are the eager ones (up to near-ties)."""
+    import seam_impls
+    from seam_impls import CALLS
+
+    from minisgl.engine.graph import GRAPH_PLANS
+
+    llama = gpu_models["llama"]
+    eager = run(llama, attention_backend="fi", cuda_graph_max_bs=0, components=PLAIN)[:2]
+    CALLS.clear()
+    with GRAPH_PLANS.registered("recording", seam_impls.GraphPlan):
+        tokens, logits, llm = run(
+            llama, attention_backend="fi", cuda_graph_max_bs=8, components={**PLAIN, "graph_plan": "recording"}
+        )
+    assert isinstance(llm.scheduler.engine.graph_runner.plan, seam_impls.GraphPlan) and CALLS["graph_plan"] > 0
+    assert_same_greedy((tokens, logits), eager)
+
+
 # ---- fused kernels in the whole engine (kernel-level tests: test_triton_kernels.py) --------------
 
 

@@ -4,13 +4,19 @@ engine's tokens do not change. Also the scheduler observer's batch events."""
 
 from __future__ import annotations
 
+import bisect
+import math
+
 import pytest
 import seam_impls
+import torch
 from seam_impls import CALLS
 
 from minisgl import LLM, SamplingParams
 from minisgl.attention import BACKENDS
 from minisgl.distributed import COMMUNICATORS, get_communicator
+from minisgl.engine import EngineConfig
+from minisgl.engine.graph import GRAPH_PLANS, BucketPlan, GraphInputs, graph_batch_sizes
 from minisgl.engine.sample import SAMPLERS
 from minisgl.kvcache import ALLOCATORS, PREFIX_CACHES, REQ_TABLES
 from minisgl.layers import ACTIVATIONS, NORMS, ROTARIES, TP_LAYERS
@@ -59,6 +65,30 @@ def test_a_registered_replacement_is_what_runs(seam, tiny_llama, reference):
         tokens = run(tiny_llama, **args)
     assert CALLS[seam] > 0, f"the engine never called the registered {seam}"
     assert tokens == reference
+
+
+def test_the_graph_plan_is_a_registered_seam():
+    """The CUDA-graph plan (sizes to capture, a batch's bucket, its padding) is chosen by name like the
+    other seams; the engine captures graphs only on a GPU, where test_gpu.py runs a recording plan. The
+    default plan gives the sizes, buckets and padding the graph runner always used."""
+    assert GRAPH_PLANS.get("default") is BucketPlan
+    assert EngineConfig(device="cpu", components={"graph_plan": "mine"}).components.graph_plan == "mine"
+    plan = BucketPlan()
+    for max_bs in range(1, 300):
+        sizes = plan.sizes(max_bs, math.inf, lambda bs: bs)
+        assert sizes == graph_batch_sizes(max_bs)
+        assert all(plan.bucket(n, sizes) == sizes[bisect.bisect_left(sizes, n)] for n in range(1, max_bs + 1))
+    with pytest.raises(ValueError):
+        plan.bucket(9, [1, 2, 4, 8])
+    # under a budget: max_bs first, then the smallest ones while they fit
+    assert plan.sizes(64, 64 + 1 + 2 + 4 + 8 + 5, lambda bs: bs) == [1, 2, 4, 8, 64]
+    assert plan.sizes(64, 63, lambda bs: bs) == []
+    dtypes = (torch.int32, torch.int64, torch.int64, torch.int64)
+    static = GraphInputs(*(torch.full((8,), 7, dtype=d) for d in dtypes))
+    plan.pad(static, GraphInputs(*(torch.tensor([1, 2, 3], dtype=d) for d in dtypes)), 4, scratch_slot=99, dummy_row=5)
+    assert static.out_loc.tolist() == [1, 2, 3, 99, 7, 7, 7, 7]
+    assert static.table_idx.tolist() == [1, 2, 3, 5, 7, 7, 7, 7]
+    assert static.input_ids.tolist()[:3] == static.positions.tolist()[:3] == [1, 2, 3]
 
 
 def test_a_swapped_layer_skips_the_fused_path(tiny_llama):

@@ -57,6 +57,7 @@ class Components:
     admission: str = "default"  # minisgl.scheduler.ADMISSION_POLICIES
     chunking: str = "default"  # minisgl.scheduler.CHUNKING_POLICIES
     loop: str = "auto"  # minisgl.scheduler.LOOPS; auto = "overlap" on CUDA, else "plain"
+    graph_plan: str = "default"  # minisgl.engine.graph.GRAPH_PLANS (CUDA graphs: sizes, buckets, padding)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from minisgl.attention.context import forward_context
 from minisgl.core import Batch
 from minisgl.distributed import get_tp_info, init_distributed
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.graph import GraphRunner, capture_sizes
+from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
@@ -68,9 +68,13 @@ class Engine:
         self.sampler = SAMPLERS.get(parts.sampler)()
         self.graph_runner = None
         if self.device.type == "cuda":
-            sizes = capture_sizes(config.cuda_graph_max_bs, self.device, self.max_running, self.attn_backend)
+            plan = GRAPH_PLANS.get(parts.graph_plan)()
+            logits_bytes = lambda bs: bs * cfg.vocab_size * self.dtype.itemsize  # what each graph keeps
+            sizes = capture_sizes(
+                config.cuda_graph_max_bs, self.device, self.max_running, self.attn_backend, plan, logits_bytes
+            )
             if sizes:
-                self.graph_runner = GraphRunner(self.model, self.attn_backend, self.kv_pool, self.table, sizes)
+                self.graph_runner = GraphRunner(self.model, self.attn_backend, self.kv_pool, self.table, sizes, plan)
             self._compile_sampler()
 
     def _load_model(self) -> DecoderForCausalLM:

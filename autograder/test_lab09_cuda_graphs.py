@@ -1,0 +1,394 @@
+"""Lab 09 (the CUDA-graph plan): each method against the engine's ``BucketPlan`` on fixed and random
+inputs; padded batches through the model's decode forward on CPU (``autograder/graph_sim.py``): the KV
+outside the scratch page and the real rows' logits must be the unpadded batch's; then a CPU engine whose
+every decode batch goes through your bucket and padding. Run: ``python -m autograder lab09``.
+
+The GPU-marked tests, which capture real CUDA graphs with your plan, are ``autograder/test_gpu_lab09.py``
+(``pytest autograder/test_gpu_lab09.py``; skipped without CUDA)."""
+
+from __future__ import annotations
+
+import math
+import random
+from functools import cache
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autograder import graph_sim as sim
+from autograder.adapters import lab09 as lab
+from autograder.checks import first_token_difference
+from autograder.points import engine, points
+from minisgl.engine.graph import BucketPlan, GraphInputs
+
+REFERENCE = BucketPlan()  # the engine's plan: the contract's answers
+INF = math.inf
+LOGIT_ATOL = 1e-4  # float32: a batch of bs rows rounds its matmuls a little differently from n rows
+
+
+def linear_cost(per_graph: int, per_row: int):
+    return lambda bs: per_graph + per_row * bs
+
+
+# ---- candidates and sizes ---------------------------------------------------------------------------
+@points(8)
+def test_candidates():
+    """The sizes worth a graph: 1, 2, 4, 8 below max_bs, multiples of 16 below max_bs, then max_bs."""
+    plan = lab.make_plan()
+    for max_bs in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 40, 64, 100, 256):
+        got, want = plan.candidates(max_bs), REFERENCE.sizes(max_bs, INF, float)
+        if got == want:
+            continue
+        if list(got) == want[:-1]:
+            hint = f"max_bs = {max_bs} is missing: it must always be a candidate (the largest batch needs a graph)"
+        elif list(got).count(max_bs) > 1:
+            hint = f"max_bs = {max_bs} came twice (a multiple of 16): the multiples of STEP stop below max_bs"
+        elif sorted(set(got)) == want:
+            hint = "the right sizes, but in another order or repeated: ascending, each once"
+        else:
+            hint = "SMALL sizes below max_bs, then the multiples of STEP below max_bs, then max_bs"
+        raise AssertionError(f"candidates({max_bs}) returned {got}, expected {want}: {hint}")
+
+
+@points(6)
+def test_sizes_without_budget():
+    """With budget = inf every candidate is captured, ascending, ending with max_bs."""
+    plan = lab.make_plan()
+    for max_bs in (1, 3, 8, 16, 20, 48, 256):
+        got, want = plan.sizes(max_bs, INF, linear_cost(1 << 20, 1 << 16)), REFERENCE.sizes(max_bs, INF, float)
+        if got == want:
+            continue
+        if sorted(got) == want:
+            hint = "sizes out of order: return them ascending (bucket() bisects them)"
+        elif max_bs not in got:
+            hint = f"max_bs = {max_bs} is missing: a batch of max_bs requests would find no graph"
+        else:
+            hint = "with no budget, every candidate is taken"
+        raise AssertionError(f"sizes({max_bs}, budget=inf) returned {got}, expected {want}: {hint}")
+
+
+SIZE_CASES = [
+    # (max_bs, per graph, per row, budget, why)
+    (40, 0, 1, 40 + 1 + 2 + 4 + 8, "the budget holds max_bs (40) and 1, 2, 4, 8 exactly; 16 and 32 do not fit"),
+    (40, 0, 1, 40 + 1 + 2 + 4 + 8 - 1, "one byte short of taking 8 as well: 1, 2, 4 fit, 8 does not"),
+    (40, 10, 1, 50, "only max_bs fits (10 + 40 bytes)"),
+    (40, 10, 1, 49, "not even max_bs fits: no graphs, []"),
+    (64, 100, 10, 100 + 640 + 110 + 120 + 140 + 180 + 260, "max_bs, then 1, 2, 4, 8, 16 while they fit"),
+    (256, 1 << 20, 152_064, 1 << 30, "Qwen3-0.6B-like: bfloat16 logits per row, 1 MiB per graph, a 1 GiB budget"),
+    (17, 5, 3, 5 * 5 + 3 * (17 + 1 + 2 + 4 + 8 + 16), "exactly everything: every candidate fits"),
+]
+
+
+@points(12)
+def test_sizes_under_budget():
+    """max_bs first ([] if it alone is over budget), then the candidates smallest first while the total
+    cost stays within the budget; ascending."""
+    plan = lab.make_plan()
+    for max_bs, per_graph, per_row, budget, why in SIZE_CASES:
+        cost = linear_cost(per_graph, per_row)
+        got, want = plan.sizes(max_bs, budget, cost), REFERENCE.sizes(max_bs, budget, cost)
+        if got == want:
+            continue
+        spent = sum(cost(bs) for bs in got) if isinstance(got, list) else None
+        if spent is not None and spent > budget:
+            hint = f"sizes over the budget: they cost {spent} bytes, the budget is {budget}"
+        elif want and max_bs not in got:
+            hint = f"max_bs = {max_bs} is missing: it is taken first, whatever else fits"
+        elif not want:
+            hint = "max_bs alone is over the budget: return [] (no graphs)"
+        elif _prefers_large(got, want, max_bs):
+            hint = "large sizes were preferred: after max_bs, take the candidates from the smallest up"
+        elif sorted(got) != got:
+            hint = "sizes out of order: return them ascending"
+        else:
+            hint = "after max_bs, take the candidates from the smallest up while the total stays within budget"
+        raise AssertionError(
+            f"sizes(max_bs={max_bs}, budget={budget}, cost(bs) = {per_graph} + {per_row} * bs) returned {got}, "
+            f"expected {want} ({why}): {hint}"
+        )
+
+
+def _prefers_large(got, want: list[int], max_bs: int) -> bool:
+    rest_got = [s for s in got if s != max_bs] if isinstance(got, list) else []
+    rest_want = [s for s in want if s != max_bs]
+    return bool(rest_got) and (not rest_want or max(rest_got) > max(rest_want))
+
+
+def check_sizes(plan, max_bs: int, budget: int, per_graph: int, per_row: int) -> None:
+    cost = linear_cost(per_graph, per_row)
+    got, want = plan.sizes(max_bs, budget, cost), REFERENCE.sizes(max_bs, budget, cost)
+    where = f"sizes(max_bs={max_bs}, budget={budget}, cost(bs) = {per_graph} + {per_row} * bs)"
+    assert got == sorted(set(got)), f"{where} returned {got}: sizes must be ascending, each once"
+    assert not got or got[-1] == max_bs, f"{where} returned {got}: max_bs = {max_bs} must be the last size"
+    spent = sum(cost(bs) for bs in got)
+    assert spent <= budget, f"{where} returned {got}: sizes over the budget ({spent} bytes > {budget})"
+    assert got == want, f"{where} returned {got}, expected {want} (max_bs first, then the smallest while they fit)"
+
+
+@points(8)
+def test_sizes_random():
+    """Random max_bs, per-graph and per-row costs and budgets: ascending, max_bs last, within the budget,
+    and the reference's choice."""
+    check_sizes(lab.make_plan(), 40, 60, 0, 1)  # a stub fails here
+    _sizes_random()
+
+
+@settings(max_examples=150)
+@given(
+    max_bs=st.integers(1, 300),
+    per_graph=st.integers(0, 1000),
+    per_row=st.integers(0, 100),
+    share=st.floats(0.0, 1.2),
+)
+def _sizes_random(max_bs, per_graph, per_row, share):
+    cost = linear_cost(per_graph, per_row)
+    total = sum(cost(bs) for bs in REFERENCE.sizes(max_bs, INF, cost))
+    check_sizes(lab.make_plan(), max_bs, int(total * share), per_graph, per_row)
+
+
+# ---- bucket -----------------------------------------------------------------------------------------
+SIZE_LISTS = ([1, 2, 4, 8], [1, 2, 4, 8, 16, 32, 40], [3, 5, 6], [7], [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100])
+
+
+def check_buckets(plan, sizes: list[int]) -> None:
+    for n in range(1, sizes[-1] + 1):
+        want = REFERENCE.bucket(n, sizes)
+        try:
+            got = plan.bucket(n, list(sizes))
+        except (NotImplementedError, AssertionError):
+            raise
+        except Exception as e:
+            got = f"{type(e).__name__}: {e}"
+        if got == want:
+            continue
+        if isinstance(got, int) and got < n:
+            hint = f"bucket too small: a graph of {got} rows cannot run {n} requests (the last ones are dropped)"
+        elif got == sizes[-1]:
+            hint = f"that is the largest graph, not the smallest that fits: {got - n} rows of padding wasted"
+        elif n in sizes and isinstance(got, int) and got > n:
+            hint = f"{n} is itself a captured size, so it is its own bucket: bisect_left, not bisect_right"
+        elif isinstance(got, int) and got not in sizes:
+            hint = f"{got} is not a captured size: only sizes {sizes} have graphs"
+        else:
+            hint = "the smallest captured size >= n"
+        raise AssertionError(f"bucket({n}, {sizes}) returned {got!r}, expected {want}: {hint}")
+
+
+@points(10)
+def test_bucket_every_batch_size():
+    """Every batch size up to the largest graph maps to the smallest captured size not below it."""
+    plan = lab.make_plan()
+    for sizes in SIZE_LISTS:
+        check_buckets(plan, sizes)
+
+
+@points(4)
+def test_bucket_random():
+    """Random ascending size lists: every n up to the largest maps to the smallest size >= n."""
+    check_buckets(lab.make_plan(), [2, 3, 9])  # a stub fails here
+    _bucket_random()
+
+
+@settings(max_examples=60)
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=12, unique=True))
+def _bucket_random(sizes):
+    check_buckets(lab.make_plan(), sorted(sizes))
+
+
+# ---- padding ----------------------------------------------------------------------------------------
+SCRATCH, DUMMY = 1000, 40
+
+
+def _ints(values, dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+def check_static(static: GraphInputs, before: GraphInputs, addresses, batch: GraphInputs, bs: int, scratch, dummy):
+    """The contract on the static buffers after pad(): in place, the batch's rows, padding rows on the
+    scratch slot and the dummy row."""
+    n = len(batch.input_ids)
+    where = f"pad({n} rows -> {bs})"
+    for name, buf, addr, old in zip(GraphInputs._fields, static, addresses, before):
+        assert buf.data_ptr() == addr and buf.shape == old.shape, (
+            f"{where}: static.{name} is another tensor now: a graph reads the addresses it was captured with, so "
+            "write into the static buffers (copy_ / fill_ / slice assignment), never assign new tensors"
+        )
+    for name, buf, rows in zip(GraphInputs._fields, static, batch):
+        got = buf[:n].tolist()
+        if got != rows.tolist():
+            hint = ""
+            if got == before[GraphInputs._fields.index(name)][:n].tolist():
+                hint = (
+                    ": the static buffers were not written (a new tensor bound to a name is never seen by the graph, "
+                    "which reads the buffers' addresses): copy_ into them"
+                )
+            elif n and got[:-1] == rows.tolist()[:-1]:
+                hint = ": the last real row was overwritten (off by one in the pad range: padding starts at n)"
+            want = rows.tolist()
+            raise AssertionError(f"{where}: rows [0, {n}) of static.{name} are {got}, expected {want}{hint}")
+    pad_out, pad_rows = static.out_loc[n:bs].tolist(), static.table_idx[n:bs].tolist()
+    if pad_out != [scratch] * (bs - n):
+        stale = before.out_loc[n:bs].tolist()
+        if bs - n > 1 and pad_out[:-1] == [scratch] * (bs - n - 1):
+            hint = f"the last padding row ({bs - 1}) was left out: off by one in the pad range, it is [n, bs)"
+        elif bs - n > 1 and pad_out[1:] == [scratch] * (bs - n - 1):
+            hint = f"the first padding row ({n}) was left out: off by one in the pad range, it is [n, bs)"
+        elif pad_out == stale:
+            hint = (
+                "padding out_loc left at stale values (what an earlier, larger batch wrote there: real requests' "
+                "slots, whose KV the padding rows would overwrite)"
+            )
+        elif all(s == 0 for s in pad_out):
+            hint = "padding into slot 0 instead of the scratch slot: slot 0 belongs to a real request"
+        else:
+            hint = f"every padding row writes only the scratch page: out_loc = scratch_slot ({scratch})"
+        raise AssertionError(f"{where}: out_loc of the padding rows [{n}, {bs}) is {pad_out}: {hint}")
+    if pad_rows != [dummy] * (bs - n):
+        raise AssertionError(
+            f"{where}: table_idx of the padding rows [{n}, {bs}) is {pad_rows}: padding rows given a real table "
+            f"row read (and, in a backend that writes through the table, overwrite) a real request's KV; they take "
+            f"the dummy row ({dummy}), which maps every position to the scratch page"
+        )
+
+
+@points(10)
+def test_pad_fills_rows():
+    """pad() writes the static buffers in place: the batch's rows, then padding rows whose out_loc is the
+    scratch slot and whose table row is the dummy row."""
+    plan = lab.make_plan()
+    rng = random.Random(9)
+    for n, bs, prev in [(5, 8, 8), (3, 4, 8), (1, 8, 6), (4, 4, 8), (13, 16, 40), (1, 1, 1), (2, 7, 40)]:
+        size = 40
+        before = GraphInputs(
+            _ints([rng.randrange(3, 900) for _ in range(size)], torch.int32),
+            _ints([rng.randrange(0, 60) for _ in range(size)], torch.int64),
+            # an earlier batch of `prev` requests left real slots in rows [0, prev); rows past it: scratch
+            _ints([rng.randrange(1, 900) if i < prev else SCRATCH for i in range(size)], torch.int64),
+            _ints([rng.randrange(0, DUMMY) if i < prev else DUMMY for i in range(size)], torch.int64),
+        )
+        static = GraphInputs(*(t.clone() for t in before))
+        addresses = [t.data_ptr() for t in static]
+        batch = GraphInputs(
+            _ints([rng.randrange(3, 900) for _ in range(n)], torch.int32),
+            _ints([rng.randrange(0, 60) for _ in range(n)], torch.int64),
+            _ints(rng.sample(range(1, 900), n), torch.int64),
+            _ints(rng.sample(range(DUMMY), n), torch.int64),
+        )
+        plan.pad(static, batch, bs, SCRATCH, DUMMY)
+        check_static(static, before, addresses, batch, bs, SCRATCH, DUMMY)
+
+
+@cache
+def bench(page_size: int = 1) -> sim.Bench:
+    from autograder.models import tiny_model
+
+    torch.manual_seed(0)
+    return sim.Bench(tiny_model("llama"), page_size=page_size)
+
+
+def check_padding(plan, b: sim.Bench, n: int, bs: int, seed: int) -> None:
+    """A decode batch of ``n`` real requests padded by ``plan`` into the graph of ``bs``, run through the
+    decode forward: the static buffers follow the contract, every slot outside the scratch page holds what
+    the unpadded batch leaves there, and the real rows' logits are the unpadded batch's."""
+    batch, stale, owner = b.state(n, seed, stale_bs=max(bs, 40))
+    start = b.pool.buffer.clone()
+    want_logits = sim.decode_forward(b.engine, batch)
+    want_kv = b.pool.buffer.clone()
+    b.pool.buffer.copy_(start)
+    static = GraphInputs(*(t.clone() for t in stale))
+    addresses = [t.data_ptr() for t in static]
+    plan.pad(static, batch, bs, b.scratch_slot, b.dummy_row)
+    try:  # what is wrong in the buffers, if anything: it explains what the forward shows
+        check_static(static, stale, addresses, batch, bs, b.scratch_slot, b.dummy_row)
+        problem = None
+    except AssertionError as e:
+        problem = str(e)
+    got_logits = sim.decode_forward(b.engine, GraphInputs(*(t[:bs] for t in static)))
+    # per slot: the largest change against the unpadded run, over layers, K/V, heads and dims
+    per_slot = (b.pool.buffer - want_kv).abs().flatten(2, 3).amax(dim=(0, 1, 3, 4))
+    moved = [s for s in (per_slot > 1e-4).nonzero().flatten().tolist() if s not in b.scratch_slots]
+    where = f"a decode batch of {n} padded into the graph of {bs} (seed {seed})"
+    if moved:
+        hit = sorted({owner[s] for s in moved if s in owner})
+        raise AssertionError(
+            f"{where}: after the forward, KV slots {moved[:8]} differ from the unpadded batch's"
+            + (f" (they hold requests {hit}'s KV)" if hit else "")
+            + ". Padded rows must write only the scratch page (out_loc = scratch_slot). "
+            + (problem or "")
+        )
+    diff = (got_logits[:n] - want_logits).abs().max().item() if n else 0.0
+    assert diff <= LOGIT_ATOL, (
+        f"{where}: the real rows' logits differ from the unpadded batch's by up to {diff:.3g}: rows [0, n) must be "
+        f"the batch's own inputs, in order. {problem or ''}"
+    )
+    assert problem is None, problem
+
+
+PAD_CASES = [(3, 4), (5, 8), (1, 8), (8, 8), (13, 16), (17, 32), (1, 1), (33, 40)]
+
+
+@points(14, timeout=120)
+def test_padding_never_touches_real_kv():
+    """Padded decode batches through the model (torch backend, float32): no real request's KV slot
+    changes beyond what the unpadded batch writes, and the real rows' logits are the unpadded ones."""
+    plan, b = lab.make_plan(), bench()
+    for k, (n, bs) in enumerate(PAD_CASES):
+        check_padding(plan, b, n, bs, seed=k)
+
+
+@points(8, timeout=120)
+def test_padding_random():
+    """Random batch sizes, buckets and decode states (contexts, slots, what an earlier batch left in the
+    static buffers): the contract on the buffers, the KV and the logits as in the fixed cases."""
+    check_padding(lab.make_plan(), bench(), 2, 4, seed=100)  # a stub fails here
+    _padding_random()
+
+
+@settings(max_examples=25)
+@given(n=st.integers(1, 40), extra=st.integers(0, 24), seed=st.integers(0, 10**6))
+def _padding_random(n, extra, seed):
+    check_padding(lab.make_plan(), bench(), n, min(40, n + extra), seed)
+
+
+# ---- the engine on your plan ------------------------------------------------------------------------
+@points(10, timeout=180)
+@engine
+def test_engine_runs_your_plan(tiny_llama):
+    """A CPU engine whose every decode batch goes through your sizes, bucket and padding (the graph runner's
+    replay, run eagerly: graph_sim.EagerGraphRunner) generates the reference engine's tokens, in the
+    reference's buckets."""
+    from minisgl import LLM, SamplingParams
+
+    plan = lab.make_plan()
+    max_bs = 6
+    sizes = plan.sizes(max_bs, INF, linear_cost(0, 1))  # a stub fails here
+    want_sizes = REFERENCE.sizes(max_bs, INF, float)
+    assert sizes == want_sizes, f"sizes({max_bs}, budget=inf) returned {sizes}, expected {want_sizes}"
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 4000) for _ in range(k)] for k in (9, 4, 13, 6, 7, 11)]
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (3, 12, 5, 9, 16, 7)]
+
+    def play(p):
+        llm = LLM(str(tiny_llama), device="cpu", dtype="float32", attention_backend="torch", num_pages=512)
+        try:
+            runner = None
+            if p is not None:  # None: the reference engine, every batch eager and unpadded
+                runner = llm.scheduler.engine.graph_runner = sim.EagerGraphRunner(llm.scheduler.engine, p, sizes)
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            return [o.token_ids for o in outs], runner.replays if runner else []
+        finally:
+            llm.shutdown()
+
+    try:
+        got, replays = play(plan)
+    except (NotImplementedError, AssertionError) as e:
+        raise type(e)(f"the engine failed with your plan: {e}") from e
+    except Exception as e:
+        raise AssertionError(f"the engine failed with your plan: {type(e).__name__}: {e}") from e
+    want, _ = play(None)
+    wrong = [(n, bs) for n, bs in replays if bs != REFERENCE.bucket(n, sizes)]
+    assert not wrong, f"decode batches of n requests ran in the graphs of (n, bucket) {wrong}; sizes {sizes}"
+    assert any(bs > n for n, bs in replays), f"no decode batch was padded ({replays}): the test needs one"
+    diff = first_token_difference(got, want)
+    assert diff is None, f"with your plan replaying every decode batch, the engine generated other tokens: {diff}"

@@ -57,6 +57,7 @@ class Components:
     admission: str = "default"  # minisgl.scheduler.ADMISSION_POLICIES
     chunking: str = "default"  # minisgl.scheduler.CHUNKING_POLICIES
     loop: str = "auto"  # minisgl.scheduler.LOOPS; auto = "overlap" on CUDA, else "plain"
+    detokenizer: str = "default"  # minisgl.tokenizer.detokenizer.DETOKENIZERS (the server's text, the shell's)
 
 
 @dataclass

@@ -276,12 +276,12 @@ def check_stops(stops: list[str], pieces: list[str], what: str = "") -> None:
         hit = [s for s in stops if s in sent]
         if was_stopped:
             cause = "text after a stop string was sent: once stopped, feed returns ''"
+        elif want_stop[k] and not got_stop[k]:
+            cause = "you missed a stop string that spans pieces: search the held-back text and the new piece together"
         elif hit and any(sent.startswith(ref + s) for s in stops):
             cause = "you cut after the stop string, not at it: the stop string itself is never sent"
         elif hit:
-            cause = "a stop string was sent: did you miss a stop string spanning pieces? Search pending + text"
-        elif want_stop[k] and not got_stop[k]:
-            cause = "you missed a stop string that spans pieces: search the held-back text and the new piece together"
+            cause = "a stop string was sent: cut where the earliest stop string begins"
         elif want_stop[k] and len(sent) > len(ref):
             cause = "you cut at a later match: the earliest-starting stop string wins (stops may overlap)"
         elif len(sent) > len(ref) and sent.startswith(ref):

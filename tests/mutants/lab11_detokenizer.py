@@ -1,8 +1,8 @@
 """Broken variants of solutions/lab11_detokenizer.py: one per pitfall its docstring names, a correct one
 written another way (``EQUIVALENT``: the whole sequence decoded at every push, the held-back tail
-found longest-first), and two that the hidden tests catch (``HIDDEN_MUTANTS``: special tokens always
-skipped, which no visible test notices; the hold-back taken from the first stop string that matches,
-which the visible random test catches too)."""
+found longest-first), and two that only the hidden tests catch (``HIDDEN_MUTANTS``: special tokens
+always skipped; the hold-back taken from the first stop string that matches, not the longest over
+all of them). Both passed every visible test when they were written."""
 
 from mutants import Mutant
 

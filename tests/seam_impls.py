@@ -4,6 +4,7 @@ engine's own and counts its calls in ``CALLS``. A module of its own, so that a p
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from minisgl.attention import TorchBackend
@@ -14,6 +15,7 @@ from minisgl.kvcache import FreeListAllocator, RadixPrefixCache, TensorReqTable
 from minisgl.layers import RowParallelLinear, TPLayers, apply_rotary, rms_norm, rope_inv_freq, silu_and_mul
 from minisgl.layers.rotary import RotaryImpl
 from minisgl.scheduler import GreedyChunking, Optimistic, PlainLoop
+from minisgl.tokenizer.detokenizer import IncrementalDecoder, StopStringCutter, TextStreams
 
 CALLS: Counter = Counter()
 
@@ -100,3 +102,24 @@ norm = counted("norm", rms_norm)
 rotary = RotaryImpl(counted("rotary", rope_inv_freq), counted("rotary", apply_rotary))
 activation = counted("activation", silu_and_mul)
 tp_layers = TPLayers(row=Row)
+
+
+class Detokenizer(IncrementalDecoder):
+    """The server runs it in another process: each instance says so in the server's log, once."""
+
+    def push(self, token_ids):
+        if not CALLS["detokenizer"]:
+            logging.getLogger("minisgl.server").warning("recording detokenizer called")
+        CALLS["detokenizer"] += 1
+        return super().push(token_ids)
+
+
+class StopStrings(StopStringCutter):
+    def feed(self, text):
+        if not CALLS["stop_strings"]:
+            logging.getLogger("minisgl.server").warning("recording stop strings called")
+        CALLS["stop_strings"] += 1
+        return super().feed(text)
+
+
+text_streams = TextStreams(Detokenizer, StopStrings)

@@ -22,6 +22,7 @@ from minisgl.kvcache import ALLOCATORS, PREFIX_CACHES, REQ_TABLES
 from minisgl.layers import ACTIVATIONS, NORMS, ROTARIES, TP_LAYERS
 from minisgl.registry import Registry
 from minisgl.scheduler import ADMISSION_POLICIES, CHUNKING_POLICIES, LOOPS, BatchEvent
+from minisgl.tokenizer.detokenizer import DETOKENIZERS, text_streams
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(3, 60)), [5, 6, 7, 8, 9, 10, 11]]
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -123,6 +124,38 @@ def test_a_module_path_reaches_spawned_ranks(tiny_llama, reference):
         assert COMMUNICATORS.get("seam_impls:Communicator") is seam_impls.Communicator
     finally:
         llm.shutdown()
+
+
+def test_the_server_runs_the_detokenizer_it_is_given(tiny_llama, tmp_path):
+    """``--detokenizer module:attr``: the detokenizer process and the API server each import it and
+    run it (their logs say so), and the client's text (cut at a stop string) is unchanged."""
+    import openai
+    from server_utils import REPO, ServerProcess
+
+    assert text_streams("seam_impls:text_streams") is seam_impls.text_streams
+    with DETOKENIZERS.registered("recording", seam_impls.text_streams):
+        assert text_streams("recording").detokenizer is seam_impls.Detokenizer
+    llm = LLM(str(tiny_llama), dtype="float32")
+    try:
+        ref = llm.generate(["Once upon a time"], SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)[0]
+    finally:
+        llm.shutdown()
+    stop = ref.text[len(ref.text) // 2 :][:3]  # a stop string the answer contains
+    args = ["--model", str(tiny_llama), "--dtype", "float32", "--detokenizer", "seam_impls:text_streams"]
+    server = ServerProcess(args, tmp_path, env={"PYTHONPATH": str(REPO / "tests")})
+    try:
+        server.wait_ready()
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+        ask = dict(model=tiny_llama.name, prompt="Once upon a time", max_tokens=16, temperature=0)
+        r = client.completions.create(**ask, extra_body={"ignore_eos": True})
+        assert r.choices[0].text == ref.text
+        r = client.completions.create(**ask, stop=[stop], extra_body={"ignore_eos": True})
+        assert r.choices[0].text == ref.text[: ref.text.find(stop)] and r.choices[0].finish_reason == "stop"
+    finally:
+        server.stop()
+    logs = server.logs()
+    assert "detokenizer ready (seam_impls.Detokenizer)" in logs, logs
+    assert "recording detokenizer called" in logs and "recording stop strings called" in logs, logs
 
 
 def test_the_observer_reports_every_batch(tiny_llama):

@@ -17,6 +17,7 @@ from minisgl.server.args import parse_args
 from minisgl.server.errors import format_validation_errors
 from minisgl.server.generation import Seq
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest
+from minisgl.tokenizer.detokenizer import StopStringCutter
 
 USER = [{"role": "user", "content": "x"}]
 
@@ -55,7 +56,7 @@ def test_incremental_decoder_joins_to_the_full_decode(embedded_path):
 def test_stop_strings_on_streamed_text(full, stops):
     """Text streamed one character per reply comes out cut before the first stop string to be
     completed, and nothing that could begin a stop string is sent before it is known not to."""
-    seq = Seq(0, 1, stops)
+    seq = Seq(0, 1, StopStringCutter(stops))
     out = ""
     for i, ch in enumerate(full):
         seq.feed(ReplyMsg(1, ch, [i], "length" if i == len(full) - 1 else None))

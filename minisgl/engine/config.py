@@ -58,6 +58,7 @@ class Components:
     chunking: str = "default"  # minisgl.scheduler.CHUNKING_POLICIES
     loop: str = "auto"  # minisgl.scheduler.LOOPS; auto = "overlap" on CUDA, else "plain"
     graph_plan: str = "default"  # minisgl.engine.graph.GRAPH_PLANS (CUDA graphs: sizes, buckets, padding)
+    detokenizer: str = "default"  # minisgl.tokenizer.detokenizer.DETOKENIZERS (the server's text, the shell's)
 
 
 @dataclass

@@ -26,11 +26,13 @@ def create_app(
     max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST,
     request_timeout: float | None = None,
     health_timeout: float = HEALTH_TIMEOUT_S,
+    detokenizer: str = "default",
 ) -> FastAPI:
     """The app, with its ``Frontend`` in ``app.state.frontend``; the launcher may put the worker
     pids in ``app.state.processes`` (``GET /stats`` shows them). A request may ask for at most
-    ``max_sequences_per_request`` sequences (prompts x n)."""
-    fe = Frontend(addrs, request_timeout, health_timeout)
+    ``max_sequences_per_request`` sequences (prompts x n); ``detokenizer`` names the ``DETOKENIZERS``
+    entry whose stop strings it applies."""
+    fe = Frontend(addrs, request_timeout, health_timeout, detokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -46,6 +46,12 @@ class ServerArgs:
     dist_init_addr: str | None = None  # host:port of node 0's rendezvous (required with nnodes > 1)
 
     @property
+    def detokenizer(self) -> str:
+        """The ``DETOKENIZERS`` name the detokenizer process and the API server run (``--detokenizer``)."""
+        parts = self.engine.get("components") or {}
+        return parts.get("detokenizer", "default") if isinstance(parts, dict) else parts.detokenizer
+
+    @property
     def ranks(self) -> range:
         """The TP ranks this node runs: ``tp / nnodes`` consecutive ones."""
         per_node = self.engine.get("tp_size", 1) // self.nnodes
@@ -126,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="GET /health answers 503 when a worker has not answered its heartbeat for S seconds "
         f"(default {HEALTH_TIMEOUT_S:g}; a long step does not count)",
     )
+    ap.add_argument(
+        "--detokenizer",
+        default="default",
+        metavar="NAME",
+        help="how tokens become the client's text (incremental detokenization and stop strings): a name "
+        "registered in minisgl.tokenizer.detokenizer.DETOKENIZERS, or 'module:attr' of a TextStreams "
+        "(default %(default)s)",
+    )
     nodes = ap.add_argument_group("several machines (tensor parallelism across nodes)")
     nodes.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks spread over (default 1)")
     nodes.add_argument(
@@ -145,6 +159,14 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     ap = build_parser()
     ns = ap.parse_args(argv)
     engine = engine_kwargs(ns)
+    if ns.detokenizer != "default":
+        from minisgl.tokenizer.detokenizer import text_streams
+
+        try:  # imported here too: a wrong name is a usage error, not a dead worker
+            text_streams(ns.detokenizer)
+        except (ValueError, ImportError) as e:
+            ap.error(f"--detokenizer: {e}")
+        engine["components"] = {"detokenizer": ns.detokenizer}
     try:
         EngineConfig.from_kwargs(**engine)  # check now: a bad flag is a usage error, not a crash later
     except (ValueError, TypeError) as e:

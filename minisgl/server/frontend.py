@@ -51,12 +51,20 @@ MAX_STEP_S = 300.0  # a step longer than this is a hang, busy or not (CPU: an 8k
 
 class Frontend:
     """Sends requests into the pipeline and routes what comes back to the waiting HTTP requests.
-    ``request_timeout`` (seconds, None = none) bounds each request (``Generation``)."""
+    ``request_timeout`` (seconds, None = none) bounds each request (``Generation``); ``detokenizer``
+    names the ``DETOKENIZERS`` entry whose ``StopStrings`` each sequence runs."""
 
     def __init__(
-        self, addrs: Addresses, request_timeout: float | None = None, health_timeout: float = HEALTH_TIMEOUT_S
+        self,
+        addrs: Addresses,
+        request_timeout: float | None = None,
+        health_timeout: float = HEALTH_TIMEOUT_S,
+        detokenizer: str = "default",
     ):
+        from minisgl.tokenizer.detokenizer import text_streams
+
         self.addrs = addrs
+        self.text_streams = text_streams(detokenizer)  # its stop_strings class cuts each sequence's text
         self.request_timeout, self.health_timeout = request_timeout, health_timeout
         self.routes: dict[int, asyncio.Queue] = {}  # uid -> queue of the HTTP request that owns it
         self.stats_waiters: dict[int, asyncio.Future] = {}

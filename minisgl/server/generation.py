@@ -4,9 +4,10 @@ a stream of server-sent events).
 The HTTP status is chosen only once every sequence has produced its first reply (a token or a
 refusal), so bad input always gets a proper 4xx, even on a stream.
 
-Stop *strings* are applied here, on the text (stop *token ids* are the scheduler's job): text
-that might be the start of a stop string is held back until it is known not to be one, and a
-sequence that hits one is aborted in the scheduler.
+Stop *strings* are applied here, on the text (stop *token ids* are the scheduler's job), by the
+server's ``StopStrings`` (``minisgl.tokenizer.detokenizer``): text that might be the start of a stop
+string is held back until it is known not to be one, and a sequence that hits one is aborted in the
+scheduler.
 
 With ``--request-timeout`` (``Frontend.request_timeout``), a request still unfinished that many
 seconds after it was submitted is aborted: a 504 before a stream begins, an error event after.
@@ -26,6 +27,7 @@ from fastapi.responses import StreamingResponse
 
 from minisgl.message import ErrorMsg, ReplyMsg, TokenizeMsg
 from minisgl.server.errors import ApiError, ClientDisconnected, error_body
+from minisgl.tokenizer.detokenizer import StopStrings
 
 if TYPE_CHECKING:
     from minisgl.server.frontend import Frontend
@@ -37,8 +39,8 @@ class Seq:
 
     index: int
     uid: int
-    stops: list[str]
-    text: str = ""  # the answer so far, cut at a stop string
+    stops: StopStrings  # the sequence's stop strings (cuts the text, holds back a possible start)
+    text: str = ""  # the answer so far that may be sent: cut at a stop string, never its start
     sent: int = 0  # characters of text already sent to the client
     token_ids: list[int] = field(default_factory=list)
     ids_sent: int = 0
@@ -48,7 +50,6 @@ class Seq:
     hit_stop_string: bool = False
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    _searched: int = 0  # text[:_searched] holds no stop string
 
     def feed(self, r: ReplyMsg) -> None:
         self.started = True
@@ -56,31 +57,19 @@ class Seq:
         if self.finish_reason is not None:
             return
         self.token_ids += r.token_ids
-        self.text += r.text
-        if self.stops:
-            longest = max(map(len, self.stops))
-            start = max(0, self._searched - longest + 1)
-            hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-            if hits:
-                self.text = self.text[: min(hits)]
-                self.finish_reason, self.hit_stop_string = "stop", True
-                return
-            self._searched = len(self.text)
+        self.text += self.stops.feed(r.text)
+        if self.stops.stopped:
+            self.finish_reason, self.hit_stop_string = "stop", True
+            return
         if r.finish_reason is not None:
             if r.finish_reason not in ("stop", "length"):
                 raise ApiError(500, f"the engine ended the request unexpectedly ({r.finish_reason})")
+            self.text += self.stops.flush()
             self.finish_reason = r.finish_reason
 
     def take_text(self) -> str:
         """New text that is safe to send: not possibly the start of a stop string."""
-        end, unsent = len(self.text), len(self.text) - self.sent
-        if self.finish_reason is None:  # hold back the longest tail that begins some stop string
-            for s in self.stops:
-                for k in range(min(len(s) - 1, unsent), 0, -1):
-                    if self.text.endswith(s[:k]):
-                        end = min(end, len(self.text) - k)
-                        break
-        out, self.sent = self.text[self.sent : end], max(self.sent, end)
+        out, self.sent = self.text[self.sent :], len(self.text)
         return out
 
     def take_ids(self) -> list[int]:
@@ -101,7 +90,7 @@ class Generation:
     def __init__(self, fe: Frontend, msgs: list[TokenizeMsg], stops: list[str], n: int = 1):
         self.fe, self.msgs, self.n = fe, msgs, n
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.seqs = [Seq(i, m.uid, stops) for i, m in enumerate(msgs)]
+        self.seqs = [Seq(i, m.uid, fe.text_streams.stop_strings(stops)) for i, m in enumerate(msgs)]
         self.by_uid = {s.uid: s for s in self.seqs}
         self._getter: asyncio.Future | None = None
         self._gone: asyncio.Future | None = None  # done when the client disconnects

@@ -91,7 +91,8 @@ def start_workers(args: ServerArgs, addrs: Addresses | None) -> list[mp.Process]
     if args.node_rank == 0:
         model, dummy = engine["model"], engine["dummy_weight"]
         procs.append(ctx.Process(target=run_tokenizer, args=(model, dummy, addrs, log_level), name="tokenizer"))
-        procs.append(ctx.Process(target=run_detokenizer, args=(model, dummy, addrs, log_level), name="detokenizer"))
+        detok_args = (model, dummy, addrs, log_level, args.detokenizer)
+        procs.append(ctx.Process(target=run_detokenizer, args=detok_args, name="detokenizer"))
     for p in procs:
         p.start()
     return procs
@@ -169,7 +170,14 @@ async def _serve(
     from minisgl.server.app import create_app
     from minisgl.server.connections import KEEP_ALIVE_S, guarded_protocol, limit_resource_errors
 
-    app = create_app(addrs, args.api_key, args.max_sequences_per_request, args.request_timeout, args.health_timeout)
+    app = create_app(
+        addrs,
+        args.api_key,
+        args.max_sequences_per_request,
+        args.request_timeout,
+        args.health_timeout,
+        args.detokenizer,
+    )
     app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats
     fe = app.state.frontend
     config = uvicorn.Config(

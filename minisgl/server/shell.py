@@ -78,14 +78,15 @@ class ChatSession:
         """Stream the answer through ``write``; returns (answer, interrupted). The turn (with the
         partial answer if interrupted) joins the history; a refused question does not."""
         from minisgl.tokenizer import apply_chat_template
-        from minisgl.tokenizer.detokenizer import IncrementalDecoder
+        from minisgl.tokenizer.detokenizer import text_streams
 
         sched, tok = self.llm.scheduler, self.llm.tokenizer
         turn = self.history + [{"role": "user", "content": question}]
         uid = next(self._uids)
         req = sched.make_request(uid, apply_chat_template(tok, turn), replace(self.sampling))  # ValueError: refused
         sched.add(req)
-        dec, parts, stop = IncrementalDecoder(tok), [], [False]
+        detokenizer = text_streams(self.llm.config.components.detokenizer).detokenizer
+        dec, parts, stop = detokenizer(tok), [], [False]
         with _ctrl_c_sets(stop):
             done = False
             while not done and not stop[0]:

@@ -172,7 +172,7 @@ def sample_pitfalls(logits: torch.Tensor, info: SamplingInfo) -> list:
     flat = make_info(temps.tolist(), vocab=logits.shape[-1], seeds=info.seeds, steps=info.steps)
     n = len(temps)
 
-    def top_p_before_temperature():
+    def nucleus_of_the_raw_logits():
         raw = filter_logits(logits.float(), with_(info, temperatures=ones))
         return draw_tokens(raw / safe[:, None], info, logits)
 
@@ -193,7 +193,7 @@ def sample_pitfalls(logits: torch.Tensor, info: SamplingInfo) -> list:
          lambda: ref_tokens(logits, with_(info, temperatures=ones))),
         ("multiplying by the temperature instead of dividing",
          lambda: ref_tokens(logits, with_(info, temperatures=torch.where(temps > 0, 1 / safe, temps)))),
-        ("top-p computed before the temperature (top-p must see softmax(logits / T))", top_p_before_temperature),
+        ("top-p computed before the temperature (top-p must see softmax(logits / T))", nucleus_of_the_raw_logits),
         ("top-p computed on the whole distribution instead of what top-k kept (top-k first, then top-p on its "
          "renormalised softmax)", top_p_on_everything),
         ("keeping k + 1 tokens in top-k", lambda: ref_tokens(logits, with_(info, top_k=info.top_k + 1))),

@@ -83,7 +83,7 @@ def test_float32_failures_never_get_a_precision_hint():
     assert all("float16" not in p.mistake for p in attention_pitfalls(q, k, k, 0.3))
 
 
-def test_attention_softmax_in_bfloat16_is_named():
+def test_a_bfloat16_attention_softmax_is_named():
     q = rand(4, 4, 16, seed=9, dtype=torch.bfloat16, scale=2.0)
     k, v = rand(9, 2, 16, seed=10, dtype=torch.bfloat16), rand(9, 2, 16, seed=11, dtype=torch.bfloat16)
     want = ref_attention(q, k, v, 0.25)

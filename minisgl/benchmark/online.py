@@ -9,12 +9,15 @@ most ``--max-concurrency`` in flight. Prompts are random: token ids on ``/v1/com
 lengths, the default), random words on ``/v1/chat/completions``; ``ignore_eos`` makes every answer
 exactly ``--output-len`` tokens on servers that support that extension (SGLang, vLLM, minisgl).
 
-Metrics (per request, then mean / p50 / p90 / p99):
+Metrics (per request, then mean / p50 / p90 / p99; ``minisgl/benchmark/metrics.py`` defines them):
   TTFT  time to first token: request sent -> first streamed token
   TPOT  time per output token after the first: (E2E - TTFT) / (tokens - 1)
-  ITL   inter-token latency: every gap between two streamed chunks (TBT)
-  E2E   request sent -> last token
-Throughput: completed requests, and output tokens, per second of the whole run.
+  ITL   inter-token latency: every gap between two streamed chunks (TBT), pooled over requests
+  E2E   request sent -> end of its stream
+Throughput: completed requests, and output tokens, per second of the whole run. Failed requests are
+counted, and left out of every latency. ``--trace PATH`` saves the run's request trace (one record
+per request: arrival, chunk times, finish), ``--metrics NAME`` picks the metrics function
+(``metrics.METRICS``: lab 12 registers its own).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl.benchmark import append_result
+from minisgl.benchmark.metrics import METRICS, RequestTrace, percentile, save_trace
 
 WORDS = "time year people way day man thing woman life child world school state family student group".split()
 
@@ -49,14 +53,17 @@ class RequestResult:
     def ok(self) -> bool:
         return self.error is None
 
-    @property
-    def itls(self) -> list[float]:
-        t = self.chunk_times
-        return [b - a for a, b in zip(t, t[1:])]
-
-    @property
-    def tpot(self) -> float:
-        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else math.nan
+    def trace(self) -> RequestTrace:
+        """This request as the metrics see it: one token time per streamed chunk (a chunk carries one
+        step's tokens); a failed request is an aborted one."""
+        end = self.e2e if not math.isnan(self.e2e) else (self.chunk_times or [self.start])[-1] - self.start
+        return RequestTrace(
+            arrival=self.start,
+            token_times=list(self.chunk_times),
+            finish=self.start + end,
+            aborted=not self.ok or not self.chunk_times,
+            prompt_tokens=self.prompt_tokens,
+        )
 
 
 def make_prompts(n: int, input_len: int, output_len: int, ratio: float, api: str, seed: int, vocab: int):
@@ -75,16 +82,11 @@ def make_prompts(n: int, input_len: int, output_len: int, ratio: float, api: str
 
 
 def percentiles(xs: list[float]) -> dict[str, float]:
-    xs = sorted(x for x in xs if not math.isnan(x))
+    """mean / p50 / p90 / p99 of the values that are not nan (``metrics.percentile``)."""
+    xs = [x for x in xs if not math.isnan(x)]
     if not xs:
         return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
-
-    def q(p: float) -> float:  # linear interpolation between closest ranks
-        k = (len(xs) - 1) * p
-        lo, hi = math.floor(k), math.ceil(k)
-        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-    return {"mean": sum(xs) / len(xs), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+    return {"mean": sum(xs) / len(xs), **{f"p{p}": percentile(xs, p) for p in (50, 90, 99)}}
 
 
 async def one_request(client, url: str, payload: dict, headers: dict, t0: float, res: RequestResult) -> None:
@@ -176,26 +178,21 @@ async def run(args: argparse.Namespace) -> tuple[list[RequestResult], float, str
 
 def summarize(results: list[RequestResult], duration: float, args: argparse.Namespace, model: str) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
-    out_tokens = sum(r.output_tokens for r in ok)
+    m = METRICS.get(getattr(args, "metrics", "default"))([r.trace() for r in results], duration)
     return dict(
         model=model,
         base_url=args.base_url,
         api=args.api,
         num_requests=len(results),
-        completed=len(ok),
-        failed=len(results) - len(ok),
+        completed=m["completed"],
+        failed=len(results) - m["completed"],
         errors=sorted({r.error for r in results if r.error})[:5],
         request_rate=args.request_rate if math.isfinite(args.request_rate) else "inf",
         max_concurrency=args.max_concurrency,
         duration_s=duration,
         input_tokens=sum(r.prompt_tokens for r in ok),
-        output_tokens=out_tokens,
-        request_throughput=len(ok) / duration,
-        output_throughput=out_tokens / duration,
-        ttft_s=percentiles([r.ttft for r in ok]),
-        tpot_s=percentiles([r.tpot for r in ok]),
-        itl_s=percentiles([x for r in ok for x in r.itls]),
-        e2e_s=percentiles([r.e2e for r in ok]),
+        output_tokens=sum(r.output_tokens for r in ok),  # the server's count (usage); chunks may hold several
+        **{k: m[k] for k in ("request_throughput", "output_throughput", "ttft_s", "tpot_s", "itl_s", "e2e_s")},
         time=time.strftime("%Y-%m-%d %H:%M:%S"),
         tag=args.tag,
     )
@@ -228,7 +225,7 @@ def plot(results: list[RequestResult], path: str) -> None:
     fig, ax = plt.subplots(2, 2, figsize=(11, 8))
     ax[0, 0].hist([r.ttft * 1000 for r in ok], bins=30)
     ax[0, 0].set(title="time to first token", xlabel="ms", ylabel="requests")
-    ax[0, 1].hist([x * 1000 for r in ok for x in r.itls], bins=50)
+    ax[0, 1].hist([(b - a) * 1000 for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])], bins=50)
     ax[0, 1].set(title="inter-token latency", xlabel="ms", ylabel="gaps")
     ax[1, 0].scatter([r.start for r in ok], [r.e2e for r in ok], s=8)
     ax[1, 0].set(title="end-to-end latency by arrival", xlabel="arrival (s)", ylabel="E2E (s)")
@@ -265,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", default=None, help="append the result to this JSON file (a list of runs)")
     ap.add_argument("--plot", default=None, help="save latency plots to this image file")
     ap.add_argument("--tag", default="", help="a label stored with the result")
+    ap.add_argument("--trace", default=None, help="save the request trace (JSON: one record per request)")
+    ap.add_argument("--metrics", default="default", help="the metrics function (minisgl.benchmark.metrics.METRICS)")
     return ap
 
 
@@ -272,7 +271,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if args.num_requests < 1 or args.request_rate <= 0 or not 0 < args.range_ratio <= 1:
         sys.exit("--num-requests must be >= 1, --request-rate > 0 and --range-ratio in (0, 1]")
+    METRICS.get(args.metrics)  # an unknown name fails before any request is sent
     results, duration, model = asyncio.run(run(args))
+    if args.trace:
+        save_trace(args.trace, [r.trace() for r in results])
     res = summarize(results, duration, args, model)
     print(report(res), flush=True)
     if args.json:

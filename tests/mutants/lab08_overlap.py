@@ -155,7 +155,7 @@ MUTANTS = [
         why="when schedule() returns None the pending batch is dropped: its requests never get their last token",
     ),
     Mutant(
-        "does_not_wait",
+        "skips_the_wait",
         STEM,
         (("            s.wait(previous_ready)\n", ""),),
         must_fail=("waits_before_processing", "random_schedules"),

@@ -21,6 +21,15 @@ def flag(raw: str) -> bool:
     return raw.strip().lower() not in ("", "0", "false", "no", "off")
 
 
+KV_STORES = ("tvm_ffi", "triton", "torch")
+
+
+def kv_store(raw: str) -> str:
+    if raw.strip().lower() not in KV_STORES:
+        raise ValueError(f"expected one of {', '.join(KV_STORES)}")
+    return raw.strip().lower()
+
+
 @dataclass(frozen=True)
 class Var:
     name: str  # without the prefix
@@ -44,6 +53,7 @@ VARS: tuple[Var, ...] = (
     Var("FI_NO_SPLIT_MIN_BS", 32, int, "captured decode batches of at least this many skip split-KV"),
     Var("NVTX", True, flag, "0: no NVTX ranges on CUDA"),
     Var("DISABLE_JIT", False, flag, "1: no C++ kernels through TVM FFI (torch instead)"),
+    Var("KV_STORE", "tvm_ffi", kv_store, "GPU K/V store: tvm_ffi (CUDA through TVM FFI), triton or torch"),
     Var("CACHE_DIR", None, str, "where the embedded model is converted to (once)"),
     Var("SHELL_MAX_TOKENS", 512, int, "shell: tokens per answer"),
     Var(
@@ -69,6 +79,7 @@ class Env:
     fi_no_split_min_bs: int
     nvtx: bool
     disable_jit: bool
+    kv_store: str
     cache_dir: str | None
     shell_max_tokens: int
     shell_temperature: float
@@ -87,8 +98,9 @@ class Env:
             if raw not in (None, ""):
                 try:
                     value = var.parse(raw)
-                except ValueError:
-                    msg = f"{var.env_name}={raw!r} is not a valid {_TYPE_NAMES.get(var.parse, 'value')}"
+                except ValueError as e:
+                    kind = _TYPE_NAMES.get(var.parse)
+                    msg = f"{var.env_name}={raw!r} is not a valid {kind}" if kind else f"{var.env_name}={raw!r}: {e}"
                     if strict:
                         raise ValueError(msg) from None
                     self.errors.append(msg)

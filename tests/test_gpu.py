@@ -209,6 +209,83 @@ def test_fused_kernels_keep_the_unfused_tokens(gpu_models, model, monkeypatch):
     assert_same_greedy((fused, fused_logits), (plain, plain_logits), FUSED_LOGIT_ATOL)
 
 
+@pytest.mark.parametrize("store", ["triton", "torch"])
+def test_kv_stores_give_identical_logits(gpu_models, store, monkeypatch):
+    """The K/V store is a copy: the engine with the TVM FFI kernel (the default), the Triton kernel or
+    torch's scatters computes bit-identical logits, with graphs and overlap on."""
+    from minisgl.kernels import jit_store
+
+    assert ENV.kv_store == "tvm_ffi" and jit_store.available()
+    base_tokens, base_logits, _ = run(gpu_models["qwen3"], attention_backend="fa3,fi", cuda_graph_max_bs=8)
+    monkeypatch.setattr(ENV, "kv_store", store)
+    tokens, logits, _ = run(gpu_models["qwen3"], attention_backend="fa3,fi", cuda_graph_max_bs=8)
+    assert tokens == base_tokens
+    for p in prompts():
+        for a, b in zip(logits.of(p, 10), base_logits.of(p, 10), strict=True):
+            assert torch.equal(a, b)
+
+
+def _qkv_rows(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+    """K and V as the engine has them: strided views into one fused qkv row per token."""
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda").to(dtype)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    return k, qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
+
+
+# (kv heads, head_dim): 2 KB rows (16-byte accesses), 12-byte rows at 4-byte-aligned offsets, and a
+# 3-element row of one-byte floats (byte accesses)
+KV_SHAPES = [(8, 128), (3, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
+@pytest.mark.parametrize("kv_heads,head_dim", KV_SHAPES)
+@pytest.mark.parametrize("tokens", [0, 1, 37, 4096])
+def test_tvm_ffi_kv_store_equals_index_put(dtype, kv_heads, head_dim, tokens):
+    from minisgl.kernels import jit_store
+
+    k, v = _qkv_rows(tokens, 3, kv_heads, head_dim, dtype)
+    slots = 8192
+    loc = torch.randperm(slots, device="cuda")[:tokens]
+    want = [torch.zeros(slots, kv_heads, head_dim, device="cuda", dtype=dtype) for _ in "kv"]
+    got = [torch.zeros_like(want[0]) for _ in "kv"]
+    want[0][loc], want[1][loc] = k, v
+    jit_store.store_kv(got[0], got[1], loc, k, v)
+    for g, w in zip(got, want):  # bytes, so float8 compares too
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+
+
+def test_tvm_ffi_kv_store_runs_on_the_current_stream_and_in_graphs():
+    """Launched on torch's current stream: it is captured into a CUDA graph (on the capture's side
+    stream) and replays with the inputs of the moment."""
+    from minisgl.kernels import jit_store
+
+    k, v = _qkv_rows(16, 16, 8, 128, torch.bfloat16)
+    loc = torch.arange(16, device="cuda") * 3
+    pools = [torch.zeros(64, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        jit_store.store_kv(pools[0], pools[1], loc, k, v)
+    assert not pools[0].any(), "the capture ran the kernel instead of recording it"
+    k.add_(1), v.sub_(1), loc.add_(1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(pools[0][loc], k) and torch.equal(pools[1][loc], v)
+    assert torch.count_nonzero(pools[0].sum((1, 2))) == 16
+
+
+def test_tvm_ffi_kv_store_refuses_bad_inputs():
+    from minisgl.kernels import jit_store
+
+    k, v = _qkv_rows(4, 2, 2, 64, torch.bfloat16)
+    pools = [torch.zeros(16, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
+    with pytest.raises(Exception, match="loc must be 1-D int64"):
+        jit_store.store_kv(*pools, torch.arange(4, device="cuda", dtype=torch.int32), k, v)
+    with pytest.raises(Exception, match="share a dtype"):
+        jit_store.store_kv(*pools, torch.arange(4, device="cuda"), k.float(), v.float())
+    with pytest.raises(Exception, match="same row size"):
+        jit_store.store_kv(*pools, torch.arange(4, device="cuda"), k[:, :1], v[:, :1])
+
+
 # ---- tensor parallelism over NCCL (needs as many GPUs as ranks) -----------------------------------
 
 # float32 ranks sum a row-parallel product in two halves where one rank sums it whole: ~1e-6 relative

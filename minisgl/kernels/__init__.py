@@ -1,6 +1,7 @@
 """Fused kernels. Each has a pure-torch fallback that computes the same thing; the fused version
-is used only where it exists: FlashInfer's CUDA kernels and our Triton kernels (``triton_kernels``) for
-tensors on a GPU. ``MINISGL_FUSED_KERNELS=0`` turns them all off."""
+is used only where it exists: FlashInfer's CUDA kernels, our Triton kernels (``triton_kernels``) and our
+CUDA K/V store through TVM FFI (``jit_store``) for tensors on a GPU. ``MINISGL_FUSED_KERNELS=0`` turns
+them all off."""
 
 from __future__ import annotations
 
@@ -45,3 +46,20 @@ def fused_ops(x: torch.Tensor):
     if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
         return None
     return _flashinfer()
+
+
+def kv_store_fn(k: torch.Tensor, v: torch.Tensor, head_dim: int):
+    """The fused K/V store for these rows, ``fn(k_slots, v_slots, loc, k, v)``, or None (torch's two
+    scatters). ``MINISGL_KV_STORE`` picks it; one that cannot run here falls back to the next of
+    tvm_ffi, triton, torch. Both kernels need each row's heads contiguous (rows may be strided)."""
+    if not k.is_cuda or not ENV.fused_kernels or ENV.kv_store == "torch":
+        return None
+    if any(t.stride(-1) != 1 or t.stride(-2) != head_dim for t in (k, v)):
+        return None
+    if ENV.kv_store == "tvm_ffi":
+        from minisgl.kernels import jit_store
+
+        if jit_store.available():
+            return jit_store.store_kv
+    tri = _triton()
+    return tri.store_kv if tri is not None and tri.can_fuse(head_dim) else None

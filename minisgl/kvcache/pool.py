@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kernels import triton_ops
+from minisgl.kernels import kv_store_fn
 
 
 class KVPool:
@@ -60,9 +60,9 @@ class KVPool:
 
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the new tokens' K/V (``[n, kv_heads, head_dim]``) into slots ``loc``."""
-        tri = triton_ops(k)
-        if tri is not None and tri.can_fuse(self.head_dim, k) and tri.can_fuse(self.head_dim, v):
-            tri.store_kv(self.k_slots(layer), self.v_slots(layer), loc, k, v)  # one kernel, not two
+        fused = kv_store_fn(k, v, self.head_dim)
+        if fused is not None:
+            fused(self.k_slots(layer), self.v_slots(layer), loc, k, v)  # one kernel, not two
             return
         self.k_slots(layer)[loc] = k
         self.v_slots(layer)[loc] = v

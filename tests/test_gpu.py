@@ -254,6 +254,25 @@ def test_tvm_ffi_kv_store_equals_index_put(dtype, kv_heads, head_dim, tokens):
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tvm_ffi_kv_store_quantizes_into_fp8_as_the_pool_does(dtype):
+    """Into a float8_e4m3fn cache, the kernel rounds and saturates each value exactly as
+    ``KVPool.quantize`` (torch's clamp to +-448, then cast) does, including values past the range."""
+    from minisgl.kernels import jit_store
+    from minisgl.kvcache import KVPool
+
+    pool = KVPool(1, 512, 16, 8, 128, torch.float8_e4m3fn, torch.device("cuda"), compute_dtype=dtype)
+    k, v = _qkv_rows(1000, 16, 8, 128, dtype)
+    k.mul_(200), v.mul_(-300)  # many values past +-448
+    loc = torch.randperm(pool.num_slots, device="cuda")[:1000]
+    got = [torch.zeros_like(pool.k_slots(0)) for _ in "kv"]
+    jit_store.store_kv(got[0], got[1], loc, k, v)
+    assert torch.equal(got[0][loc].view(torch.uint8), pool.quantize(k).view(torch.uint8))
+    assert torch.equal(got[1][loc].view(torch.uint8), pool.quantize(v).view(torch.uint8))
+    pool.store(0, loc, k, v)  # the pool's own store takes the kernel, quantizing inside it
+    assert torch.equal(pool.k_slots(0).view(torch.uint8), got[0].view(torch.uint8))
+
+
 def test_tvm_ffi_kv_store_runs_on_the_current_stream_and_in_graphs():
     """Launched on torch's current stream: it is captured into a CUDA graph (on the capture's side
     stream) and replays with the inputs of the moment."""
@@ -280,10 +299,32 @@ def test_tvm_ffi_kv_store_refuses_bad_inputs():
     pools = [torch.zeros(16, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
     with pytest.raises(Exception, match="loc must be 1-D int64"):
         jit_store.store_kv(*pools, torch.arange(4, device="cuda", dtype=torch.int32), k, v)
-    with pytest.raises(Exception, match="share a dtype"):
+    with pytest.raises(Exception, match="the caches must have k's dtype"):
         jit_store.store_kv(*pools, torch.arange(4, device="cuda"), k.float(), v.float())
+    with pytest.raises(Exception, match="must share a dtype"):
+        jit_store.store_kv(*pools, torch.arange(4, device="cuda"), k, v.half())
     with pytest.raises(Exception, match="same row size"):
         jit_store.store_kv(*pools, torch.arange(4, device="cuda"), k[:, :1], v[:, :1])
+
+
+# ---- FP8 KV cache (CPU tests: test_kv_fp8.py) -------------------------------------------------
+
+
+def test_fp8_kv_cache_on_flashinfer_matches_the_torch_backend(gpu_models):
+    """With ``--kv-cache-dtype fp8_e4m3``, ``auto`` picks ``fi`` (FA3 does not read FP8 pages next to
+    bf16 queries, and says so), and FlashInfer's FP8 reads (prefill and decode, graphs and overlap on)
+    give the torch backend's tokens on the same FP8 cache, up to near-ties."""
+    from minisgl.attention.flashinfer_backend import FA3Backend, FlashInferBackend
+
+    for model in ("llama", "qwen3"):
+        ref = run(gpu_models[model], attention_backend="torch", cuda_graph_max_bs=0, kv_cache_dtype="fp8_e4m3")
+        tokens, logits, llm = run(gpu_models[model], cuda_graph_max_bs=8, kv_cache_dtype="fp8_e4m3")
+        engine = llm.scheduler.engine
+        assert engine.kv_pool.dtype == torch.float8_e4m3fn and engine.graph_runner is not None
+        assert type(engine.attn_backend) is FlashInferBackend
+        assert_same_greedy((tokens, logits), ref[:2])
+    with pytest.raises(ValueError, match="does not read an FP8 KV cache"):
+        FA3Backend(engine.kv_pool, engine.table, 4, 128)
 
 
 # ---- tensor parallelism over NCCL (needs as many GPUs as ranks) -----------------------------------

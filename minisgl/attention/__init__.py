@@ -34,12 +34,14 @@ def flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
-def resolve_backend_name(name: str, device: torch.device) -> str:
-    """``auto`` -> ``fa3,fi`` on Hopper with FlashInfer, ``fi`` on other GPUs with it, else ``torch``;
-    aliases become their canonical names."""
+def resolve_backend_name(name: str, device: torch.device, fp8_kv: bool = False) -> str:
+    """``auto`` -> ``fa3,fi`` on Hopper with FlashInfer (``fi`` with an FP8 KV cache, which FA3 does
+    not read next to bf16 queries), ``fi`` on other GPUs with it, else ``torch``; aliases become their
+    canonical names."""
     if name == "auto":
         if device.type == "cuda" and flashinfer_available():
-            return "fa3,fi" if torch.cuda.get_device_capability(device)[0] == 9 else "fi"
+            hopper = torch.cuda.get_device_capability(device)[0] == 9
+            return "fa3,fi" if hopper and not fp8_kv else "fi"
         return "torch"
     return ",".join(BACKENDS.canonical(part) for part in name.split(","))
 
@@ -58,7 +60,7 @@ def _make(name: str, *args) -> AttentionBackend:
 
 
 def create_backend(name: str, pool: KVPool, table: ReqTable, num_heads: int, head_dim: int) -> AttentionBackend:
-    resolved = resolve_backend_name(name, table.page_table.device)
+    resolved = resolve_backend_name(name, table.page_table.device, pool.quantized)
     args = (pool, table, num_heads, head_dim)
     parts = resolved.split(",")
     if len(parts) == 1:

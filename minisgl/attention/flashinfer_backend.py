@@ -72,9 +72,9 @@ class FlashInferBackend(AttentionBackend):
 
         if self.page_table.device.type != "cuda":
             raise ValueError(f"the {self.name} attention backend needs a CUDA device; use --attention-backend torch")
-        if pool.dtype not in (torch.float16, torch.bfloat16):
+        if pool.compute_dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(
-                f"FlashInfer attention runs in float16/bfloat16, not {pool.dtype}: pass --dtype bfloat16 "
+                f"FlashInfer attention runs in float16/bfloat16, not {pool.compute_dtype}: pass --dtype bfloat16 "
                 "or use --attention-backend torch"
             )
         self.fi = flashinfer
@@ -123,7 +123,7 @@ class FlashInferBackend(AttentionBackend):
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
         kv_indptr, kv_indices, last_len = self._kv_layout(rows, ends)
-        common = dict(q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype, sm_scale=self.scale)
+        common = dict(q_data_type=self.pool.compute_dtype, kv_data_type=self.pool.dtype, sm_scale=self.scale)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size)
         layout = (kv_indptr, kv_indices, last_len, *heads)
         if qo_indptr is None and no_split:  # a captured decode batch
@@ -204,4 +204,6 @@ class FA3Backend(FlashInferBackend):
         device = table.page_table.device
         if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
             raise ValueError("the fa3 backend needs a Hopper GPU (sm90); use --attention-backend fi")
+        if pool.quantized:
+            raise ValueError("the fa3 backend does not read an FP8 KV cache (bf16 queries); use --attention-backend fi")
         super().__init__(pool, table, num_heads, head_dim)

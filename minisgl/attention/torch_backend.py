@@ -8,7 +8,8 @@ a mask that is causal and hides the padding::
 
 Correct and simple, but it copies K/V every layer. Decode batches (one query per request) skip
 the copy: on a CPU a C++ kernel (``minisgl/kernels``) reads K/V rows in place; elsewhere the same
-math runs in torch. The FlashInfer backends read pages in place for both.
+math runs in torch (and reads an FP8 pool, which the kernel does not). The FlashInfer backends read
+pages in place for both.
 """
 
 from __future__ import annotations
@@ -65,9 +66,8 @@ class TorchBackend(AttentionBackend):
         self.pool.store(layer_id, batch.out_loc, k, v)
         bsz, heads, dim = md.kv_slots.shape[0], q.shape[1], q.shape[2]
         if md.q_index is None:  # decode: one query per request, K/V read where they lie
-            decode = (
-                paged_decode_attention if q.is_cpu and paged_attention.available() else paged_decode_attention_torch
-            )
+            kernel = q.is_cpu and not self.pool.quantized and paged_attention.available()
+            decode = paged_decode_attention if kernel else paged_decode_attention_torch
             out = decode(
                 q.view(bsz, heads, dim),
                 self.pool.k_slots(layer_id),
@@ -77,7 +77,7 @@ class TorchBackend(AttentionBackend):
                 self.scale,
             )
             return out.view(bsz, heads * dim)
-        kv = self.pool.buffer[layer_id].flatten(1, 2)[:, md.kv_slots]  # [2, B, L, kv_heads, D]: K and V at once
+        kv = self.pool.buffer[layer_id].flatten(1, 2)[:, md.kv_slots].to(q.dtype)  # [2, B, L, kv_heads, D]: K and V
         keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, kv_heads, L, D]
         qp = q.new_zeros(bsz * md.max_q, heads, dim)
         qp[md.q_index] = q

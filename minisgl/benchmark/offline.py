@@ -218,6 +218,7 @@ ENGINE_FLAGS = [
     "model",
     "dummy_weight",
     "dtype",
+    "kv_cache_dtype",
     "page_size",
     "cache_type",
     "attention_backend",

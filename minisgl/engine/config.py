@@ -76,6 +76,12 @@ class EngineConfig:
         "weights and KV dtype (auto: bfloat16 on GPUs and on CPUs with native bfloat16, else float32)",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
+    kv_cache_dtype: str = option(
+        "auto",
+        "KV cache dtype: auto (the model's dtype) or fp8_e4m3 (half the bytes of bf16 per token; values stored "
+        "with a per-tensor scale of 1, saturating at +-448, and read back in the model's dtype)",
+        choices=("auto", "fp8_e4m3"),
+    )
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     tp_size: int = option(
         1, "tensor-parallel ranks, one scheduler process each", "--tp-size", "--tp", "--tensor-parallel-size"
@@ -158,6 +164,8 @@ class EngineConfig:
             raise ValueError(f"memory_ratio must be in (0, 1], got {self.memory_ratio}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
+            raise ValueError(f"kv_cache_dtype must be auto or fp8_e4m3, got {self.kv_cache_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
 
@@ -195,6 +203,10 @@ class EngineConfig:
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         return torch.bfloat16 if self.torch_device.type == "cuda" else default_cpu_dtype()
+
+    @property
+    def torch_kv_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8_e4m3" else self.torch_dtype
 
     @property
     def loop(self) -> str:

@@ -57,8 +57,9 @@ class Engine:
             config.page_size,
             self.local_kv_heads,
             cfg.head_dim,
-            self.dtype,
+            config.torch_kv_dtype,
             self.device,
+            compute_dtype=self.dtype,
         )
         self.max_running = config.max_running_requests
         self.table = REQ_TABLES.get(parts.req_table)(self.max_running, self.max_seq_len, config.page_size, self.device)
@@ -97,7 +98,8 @@ class Engine:
         cfg, page = self.model_config, self.config.page_size
         if self.config.num_pages is not None:
             return self.config.num_pages
-        per_token = KVPool.bytes_per_token(cfg.num_layers, self.local_kv_heads, cfg.head_dim, self.dtype)
+        kv_dtype = self.config.torch_kv_dtype
+        per_token = KVPool.bytes_per_token(cfg.num_layers, self.local_kv_heads, cfg.head_dim, kv_dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             tokens = int(free * self.config.memory_ratio) // per_token
@@ -114,7 +116,7 @@ class Engine:
             pages,
             page,
             pages * page * per_token / 2**30,
-            self.dtype,
+            kv_dtype,
         )
         return pages
 

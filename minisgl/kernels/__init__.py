@@ -48,13 +48,17 @@ def fused_ops(x: torch.Tensor):
     return _flashinfer()
 
 
-def kv_store_fn(k: torch.Tensor, v: torch.Tensor, head_dim: int):
-    """The fused K/V store for these rows, ``fn(k_slots, v_slots, loc, k, v)``, or None (torch's two
+def kv_store_fn(k: torch.Tensor, v: torch.Tensor, head_dim: int, cache_dtype: torch.dtype | None = None):
+    """The fused K/V store for these rows, ``fn(k_slots, v_slots, loc, k, v)``, or None (torch's
     scatters). ``MINISGL_KV_STORE`` picks it; one that cannot run here falls back to the next of
-    tvm_ffi, triton, torch. Both kernels need each row's heads contiguous (rows may be strided)."""
+    tvm_ffi, triton, torch. Both kernels need each row's heads contiguous (rows may be strided). Into an
+    FP8 cache (``cache_dtype``) from bf16/fp16 rows only the TVM FFI kernel stores, quantizing on the way."""
     if not k.is_cuda or not ENV.fused_kernels or ENV.kv_store == "torch":
         return None
     if any(t.stride(-1) != 1 or t.stride(-2) != head_dim for t in (k, v)):
+        return None
+    convert = cache_dtype is not None and cache_dtype != k.dtype
+    if convert and (cache_dtype != torch.float8_e4m3fn or k.dtype not in (torch.bfloat16, torch.float16)):
         return None
     if ENV.kv_store == "tvm_ffi":
         from minisgl.kernels import jit_store
@@ -62,4 +66,4 @@ def kv_store_fn(k: torch.Tensor, v: torch.Tensor, head_dim: int):
         if jit_store.available():
             return jit_store.store_kv
     tri = _triton()
-    return tri.store_kv if tri is not None and tri.can_fuse(head_dim) else None
+    return tri.store_kv if tri is not None and tri.can_fuse(head_dim) and not convert else None

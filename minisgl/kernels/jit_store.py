@@ -30,9 +30,7 @@ def _module():
     try:
         import tvm_ffi.cpp
 
-        return tvm_ffi.cpp.load_inline(
-            "minisgl_store_kv", cuda_sources=_SOURCE.read_text(), functions="store_kv", extra_cuda_cflags=["-O3"]
-        )
+        return tvm_ffi.cpp.load_inline("minisgl_store_kv", cuda_sources=_SOURCE.read_text(), functions="store_kv")
     except Exception as e:  # a missing nvcc or headers must not stop the engine
         logger.warning("the TVM FFI K/V store kernel is unavailable (%s); using another store", e)
         return None
@@ -44,7 +42,8 @@ def available() -> bool:
 
 def store_kv(k_slots: torch.Tensor, v_slots: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """``k_slots[loc] = k; v_slots[loc] = v`` for ``[n, kv_heads, head_dim]`` rows whose heads are
-    contiguous (the rows may be strided). ``loc`` is int64 on the same GPU. Runs on torch's current
-    stream, so it can be captured into a CUDA graph."""
+    contiguous (the rows may be strided). ``loc`` is int64 on the same GPU. Slots of float8_e4m3fn
+    take bf16/fp16 rows, rounded and saturated to +-448 as ``KVPool.quantize`` does. Runs on torch's
+    current stream, so it can be captured into a CUDA graph."""
     stream = torch.cuda.current_stream(k.device).cuda_stream
     _module().store_kv(k_slots, v_slots, loc, k, v, stream)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from autograder import impl, tp_ranks
 from autograder.adapters import lab10 as lab
-from autograder.checks import check_tensor, first_token_difference
+from autograder.checks import Pitfall, check_tensor, first_token_difference
 from autograder.engine_runs import engine_failure
 from autograder.points import engine, points
 
@@ -33,7 +33,13 @@ def single_rank(name: str) -> None:
         layer = lab.layer(name)(8, [6, 4])
         layer.weight.weight_loader(layer.weight, a, 0)
         layer.weight.weight_loader(layer.weight, b, 1)
-        check_tensor(layer(x), x @ torch.cat([a, b]).T, what, **TOL, hint="gate's rows first, then up's")
+        got = layer(x)
+        offset0 = Pitfall(
+            "every shard written at offset 0 of the local weight (up overwrote gate)",
+            "shard i goes to rows offsets[i] : offsets[i] + local_sizes[i]",
+            lambda: torch.cat([x @ b.T, got[:, 4:]], -1),
+        )
+        check_tensor(got, x @ torch.cat([a, b]).T, what, **TOL, hint="gate's rows, then up's", pitfalls=[offset0])
     elif name == "QKVParallelLinear":
         q, k, v = torch.randn(8, 8, generator=g), torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
         layer = lab.layer(name)(8, 4, 2, 1, bias=True)

@@ -45,16 +45,18 @@ Contract:
 Pitfalls the grader recognises (its messages name them):
 
 * the bias added on every rank before the all-reduce (it ends up ``tp`` times in the sum);
-* sharding by the wrong dimension (a row-parallel weight split by rows, or a column-parallel one by
-  columns), or loading the rank's slice at the wrong offset: the whole ``rank * n`` slice of the
-  *fused* tensor, or rank 0's slice on every rank;
-* a fused ``[gate | up]`` loaded into the wrong part of the local weight (every shard at offset 0);
-* KV heads not replicated when ``tp > num_kv_heads`` (zero KV heads, or a slice past the checkpoint);
+* sharding by the wrong dimension: a row-parallel weight split by its rows instead of its columns;
+* rank 0's slice loaded on every rank (the slice must start at ``rank * local_size``);
+* a fused ``[gate | up]`` loaded into the wrong part of the local weight (every shard written at
+  offset 0: ``up`` overwrites ``gate``);
+* KV heads not replicated when ``tp > num_kv_heads`` (zero KV heads), or the replicated head looked
+  up as ``rank * num_local_kv_heads`` (a slice past the checkpoint's KV heads);
 * embedding ids not shifted to the local range, or out-of-range rows not zeroed (another rank's
   ids read this rank's row 0: rows counted twice);
-* the all-reduce missing (a partial sum) or done twice (the sum counted ``tp`` times);
+* the all-reduce missing (a partial sum on each rank) or done twice (the sum counted ``tp`` times);
 * the embedding's shard rounded down (``vocab // tp``: the last ids belong to nobody);
-* the LM head's logits not gathered (``vocab / tp`` columns) or the padding not cut.
+* the LM head's logits not gathered (``vocab / tp`` columns), or the padding not cut;
+* a size that does not divide by ``tp`` accepted and silently rounded down (features dropped).
 
 Grading: ``python -m autograder lab10`` builds each layer at ``tp=1`` in the grading process (it must
 equal a plain matmul / lookup), then starts 2 ranks over gloo (once for all layer checks) where each

@@ -1,0 +1,257 @@
+"""Lab 10: tensor-parallel layers.
+
+You implement the five layers a decoder is split over ``tp`` ranks with (read
+``minisgl/layers/linear.py``, ``minisgl/layers/embedding.py`` and ``minisgl/distributed/__init__.py``
+first: ``get_tp_info()`` says who this rank is, ``all_reduce`` / ``all_gather`` are the collectives,
+identities with one rank)::
+
+    x ──> qkv (column) ──> attention on local heads ──> o_proj (row) ──all_reduce──> y
+    x ──> gate_up (column) ──> SwiGLU on local features ──> down (row) ──all_reduce──> y
+
+    column-parallel W [out, in]:  rank r keeps rows    [r*out/tp, (r+1)*out/tp) of each fused shard
+    row-parallel    W [out, in]:  rank r keeps columns [r*in/tp,  (r+1)*in/tp):  y = sum_r x_r W_r^T
+
+The engine builds its decoder from ``LAB10_LAYERS`` (``TPLayers``, the seam in
+``minisgl/layers/__init__.py``) when the grader runs ``LLM(..., tp_size=2, components={"tp_layers":
+...})``, and loads the checkpoint through your ``weight_loader``s, so:
+
+Contract:
+
+* **Same constructors, parameter names and loaders as the engine's classes.** Each layer holds
+  ``weight`` (and ``bias`` when asked), ``requires_grad=False``, and each parameter has a
+  ``weight_loader(param, loaded, shard_id)`` that copies *this rank's* slice of the full checkpoint
+  tensor ``loaded`` (a tensor or a lazy safetensors slice: index it, ``loaded[a:b]`` or
+  ``loaded[:, a:b]``, before reading it).
+* **Column-parallel** (``ColumnParallelLinear`` and its two kinds): ``y = x W_local^T (+ b_local)``,
+  no communication. Shard ``i`` of a fused weight (``[gate | up]``, or ``[q | k | v]``) is loaded with
+  ``shard_id = i`` into rows ``offsets[i] : offsets[i] + local_sizes[i]`` of the local weight.
+  ``MergedColumnParallelLinear(in_features, out_sizes, bias)`` splits each size by ``tp`` (a size
+  that does not divide raises ``ValueError``). ``QKVParallelLinear(hidden, head_dim, num_heads,
+  num_kv_heads, bias)`` splits by *heads* and sets ``num_local_heads`` / ``num_local_kv_heads`` (the
+  attention reads them). With ``tp > num_kv_heads`` each KV head is *replicated*: rank ``r`` holds one
+  KV head, number ``r * num_kv_heads // tp`` (the one its query heads attend with).
+* **Row-parallel** (``RowParallelLinear(in_features, out_features, bias)``): the weight's *columns*
+  are split; ``forward`` gets this rank's slice of the input features and returns
+  ``all_reduce(x_local W_local^T) + b`` on every rank: the bias is whole on every rank and added
+  once, after the sum.
+* **Vocab-parallel embedding** (``VocabParallelEmbedding(vocab_size, hidden)``): rank ``r`` holds
+  rows ``[start, start + local_vocab)`` of the table, ``local_vocab = ceil(vocab / tp)`` (the last
+  shard is padded with zero rows). ``forward(ids)`` looks up the ids it owns (shifted to local rows),
+  gives zero rows for the others, and all-reduces: each id's row comes from exactly one rank.
+* **LM head** (``ParallelLMHead(vocab_size, hidden, tie_to)``, given the embedding's sharding):
+  local logits ``hidden @ W_local^T``, all-gathered along the vocabulary, cut to ``vocab_size``
+  (the padding's columns dropped). With ``tie_to`` the weight *is* the embedding's.
+
+Pitfalls the grader recognises (its messages name them):
+
+* the bias added on every rank before the all-reduce (it ends up ``tp`` times in the sum);
+* sharding by the wrong dimension: a row-parallel weight split by its rows instead of its columns;
+* rank 0's slice loaded on every rank (the slice must start at ``rank * local_size``);
+* a fused ``[gate | up]`` loaded into the wrong part of the local weight (every shard written at
+  offset 0: ``up`` overwrites ``gate``);
+* KV heads not replicated when ``tp > num_kv_heads`` (zero KV heads), or the replicated head looked
+  up as ``rank * num_local_kv_heads`` (a slice past the checkpoint's KV heads);
+* embedding ids not shifted to the local range, or out-of-range rows not zeroed (another rank's
+  ids read this rank's row 0: rows counted twice);
+* the all-reduce missing (a partial sum on each rank) or done twice (the sum counted ``tp`` times);
+* the embedding's shard rounded down (``vocab // tp``: the last ids belong to nobody);
+* the LM head's logits not gathered (``vocab / tp`` columns), or the padding not cut;
+* a size that does not divide by ``tp`` accepted and silently rounded down (features dropped).
+
+Grading: ``python -m autograder lab10`` builds each layer at ``tp=1`` in the grading process (it must
+equal a plain matmul / lookup), then starts 2 ranks over gloo (once for all layer checks) where each
+layer must give the single-rank result on every rank, then the engine at ``tp_size=2`` with your
+layers must generate TP=1's tokens (a tiny Llama and a tiny Qwen3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.distributed import all_gather, all_reduce, get_tp_info
+from minisgl.layers import TPLayers
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(f"{what}: checkpoint slice {tuple(src.shape)} != parameter slice {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x W_local^T (+ b_local)``. The output is made of fused shards; ``local_sizes[i]`` is this
+    rank's rows of shard ``i``, which start at row ``offsets[i]`` of the local weight."""
+
+    def __init__(self, in_features: int, local_sizes: list[int], bias: bool = False):
+        super().__init__()
+        self.local_sizes = list(local_sizes)
+        self.offsets = [sum(local_sizes[:i]) for i in range(len(local_sizes))]
+        self.weight = _param(sum(local_sizes), in_features)
+        self.weight.weight_loader = self.load_shard
+        self.bias = _param(sum(local_sizes)) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = self.load_shard
+
+    def _slice(self, shard: int) -> slice:
+        """The rows of the full checkpoint tensor of shard ``shard`` that this rank holds."""
+        # BEGIN SOLUTION hint="rank r holds rows [r*n, (r+1)*n) of the shard's own tensor, n = local_sizes[shard]"
+        n = self.local_sizes[shard]
+        first = get_tp_info().rank * n
+        return slice(first, first + n)
+        # END SOLUTION
+
+    def load_shard(self, param: torch.Tensor, loaded: Any, shard: int | None = 0) -> None:
+        """Copy this rank's rows of shard ``shard`` (``loaded`` is that shard's full tensor) into its place."""
+        shard = 0 if shard is None else shard
+        # BEGIN SOLUTION hint="loaded[self._slice(shard)] -> rows offsets[shard] : offsets[shard] + local_sizes[shard]"
+        rows = loaded[self._slice(shard)]
+        at = self.offsets[shard]
+        _copy(param.data[at : at + self.local_sizes[shard]], rows, f"shard {shard}")
+        # END SOLUTION
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several projections of the same input (``[gate | up]``) fused into one column-parallel matmul."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool = False):
+        # BEGIN SOLUTION hint="every size split by tp (ValueError when one does not divide), then the base class"
+        tp = get_tp_info()
+        for n in out_sizes:
+            if n % tp.size:
+                raise ValueError(f"cannot split output features of size {n} over tp={tp.size}")
+        super().__init__(in_features, [n // tp.size for n in out_sizes], bias)
+        # END SOLUTION
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """``[q | k | v]`` split by heads; past ``tp == num_kv_heads`` each rank holds one replicated KV head."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        # BEGIN SOLUTION hint="num_local_heads and num_local_kv_heads (at least 1), then the base class with 3 sizes"
+        tp = get_tp_info()
+        if num_heads % tp.size:
+            raise ValueError(f"cannot split {num_heads} attention heads over tp={tp.size}")
+        self.num_local_heads = num_heads // tp.size
+        self.num_local_kv_heads = max(1, num_kv_heads // tp.size)
+        q_rows, kv_rows = self.num_local_heads * head_dim, self.num_local_kv_heads * head_dim
+        super().__init__(hidden, [q_rows, kv_rows, kv_rows], bias)
+        # END SOLUTION
+
+    def _slice(self, shard: int) -> slice:
+        if shard == 0:  # the query heads: an even split of rows
+            return super()._slice(0)
+        # BEGIN SOLUTION hint="K/V: this rank's first KV head is rank * num_kv_heads // tp"
+        tp = get_tp_info()
+        head = tp.rank * self.num_kv_heads // tp.size
+        return slice(head * self.head_dim, (head + self.num_local_kv_heads) * self.head_dim)
+        # END SOLUTION
+
+
+def load_whole(param: torch.Tensor, loaded: Any, shard_id: Any = None) -> None:
+    """Loader of a parameter every rank holds whole."""
+    _copy(param.data, loaded[:], "replicated parameter")
+
+
+class RowParallelLinear(nn.Module):
+    """``y = all_reduce(x_local W_local^T) + b``: the input features are split over ranks."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        tp = get_tp_info()
+        if in_features % tp.size:
+            raise ValueError(f"cannot split input features of size {in_features} over tp={tp.size}")
+        self.in_local = in_features // tp.size
+        self.weight = _param(out_features, self.in_local)
+        self.weight.weight_loader = self.load_weight
+        self.bias = _param(out_features) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = load_whole
+
+    def load_weight(self, param: torch.Tensor, loaded: Any, shard_id: Any = None) -> None:
+        """This rank's columns of the full ``[out, in]`` weight."""
+        # BEGIN SOLUTION hint="columns [rank * in_local, (rank + 1) * in_local) of loaded"
+        first = get_tp_info().rank * self.in_local
+        _copy(param.data, loaded[:, first : first + self.in_local], "row-parallel weight")
+        # END SOLUTION
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[tokens, in_local]``, this rank's input features; returns the full ``[tokens, out]``."""
+        # BEGIN SOLUTION hint="the partial product, all_reduce'd once; the bias added after the sum"
+        partial = F.linear(x, self.weight)
+        y = all_reduce(partial)
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+        # END SOLUTION
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rank ``r`` holds rows ``[start, start + local_vocab)`` of the (padded) table."""
+
+    def __init__(self, vocab_size: int, hidden: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        # BEGIN SOLUTION hint="local_vocab = ceil(vocab_size / tp) (every rank the same), start = rank * local_vocab"
+        tp = get_tp_info()
+        self.local_vocab = (vocab_size + tp.size - 1) // tp.size
+        self.start = tp.rank * self.local_vocab
+        # END SOLUTION
+        self.weight = _param(self.local_vocab, hidden)
+        self.weight.weight_loader = self.load_weight
+
+    def load_weight(self, param: torch.Tensor, loaded: Any, shard_id: Any = None) -> None:
+        """This rank's rows of the full ``[vocab, hidden]`` table; rows past the vocabulary are zero."""
+        # BEGIN SOLUTION hint="rows start : min(start + local_vocab, vocab_size) of loaded; zero the padding rows"
+        stop = min(self.start + self.local_vocab, self.vocab_size)
+        param.data.zero_()
+        if stop > self.start:
+            _copy(param.data[: stop - self.start], loaded[self.start : stop], "embedding rows")
+        # END SOLUTION
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[tokens]`` ids of the full vocabulary -> ``[tokens, hidden]``, the same on every rank."""
+        # BEGIN SOLUTION hint="ids - start; ids outside [0, local_vocab) look up row 0, then zeroed; all_reduce"
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.local_vocab)
+        rows = F.embedding(torch.where(mine, local, torch.zeros_like(local)), self.weight)
+        rows = rows * mine.unsqueeze(-1).to(rows.dtype)
+        return all_reduce(rows)
+        # END SOLUTION
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits over the whole vocabulary from this rank's rows of the table (tied: the embedding's)."""
+
+    def __init__(self, vocab_size: int, hidden: int, tie_to: VocabParallelEmbedding | None = None):
+        super().__init__(vocab_size, hidden)
+        if tie_to is not None:
+            self.weight = tie_to.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[rows, hidden]`` -> ``[rows, vocab_size]`` logits, the same on every rank."""
+        # BEGIN SOLUTION hint="local logits hidden @ weight.T, all_gather'ed along the last dim, cut to vocab_size"
+        local = F.linear(hidden, self.weight)
+        return all_gather(local, dim=-1)[:, : self.vocab_size]
+        # END SOLUTION
+
+
+# the seam: what the engine builds its decoder from when the grader picks this lab's layers
+LAB10_LAYERS = TPLayers(
+    qkv=QKVParallelLinear,
+    merged_column=MergedColumnParallelLinear,
+    row=RowParallelLinear,
+    embedding=VocabParallelEmbedding,
+    lm_head=ParallelLMHead,
+)

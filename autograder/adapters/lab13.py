@@ -1,0 +1,88 @@
+"""Lab 13 adapter: the ``prefix_len`` of ``lab13_jit_kernel.py`` (a C++ kernel built through
+``tvm_ffi.cpp.load_inline``), and the swap-in that lets the engine's radix cache compare its keys
+with it: a ``RadixPrefixCache`` whose ``prefix_len`` is the student's, registered in
+``minisgl.kvcache.PREFIX_CACHES`` as ``"lab13"``.
+
+The build happens on the first call. A C++ compile error becomes an ``AssertionError`` that shows
+the compiler's first error lines, so every test fails with it instead of crashing the grader."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from autograder.impl import require
+from minisgl.kvcache import PREFIX_CACHES, RadixPrefixCache
+
+STEM = "lab13_jit_kernel"
+_ERROR = re.compile(r"\berror\b", re.IGNORECASE)
+
+
+class CompileError(AssertionError):
+    pass
+
+
+def compiler_errors(message: str, lines: int = 6) -> str:
+    """The first lines of a compiler's output that matter: each ``error:`` line and the source line
+    it points at (ninja's command lines dropped)."""
+    out: list[str] = []
+    text = message.splitlines()
+    for i, line in enumerate(text):
+        if _ERROR.search(line) and not line.startswith(("c++ ", "FAILED:", "ninja", "[")):
+            out += [line.strip()] + [s.rstrip() for s in text[i + 1 : i + 3] if re.match(r"\s*\d+ \|", s)]
+        if len(out) >= lines:
+            break
+    return "\n".join(out[:lines]) or "\n".join(text[-lines:])
+
+
+def build() -> object:
+    """The student's compiled module (``build()`` of the lab file)."""
+    try:
+        return require(STEM, "build")()
+    except RuntimeError as e:
+        if "ninja" not in str(e) and "error" not in str(e):
+            raise
+        raise CompileError(
+            "your C++ source did not compile. The compiler's first errors (line numbers are in the file "
+            "tvm_ffi compiles, which adds a few lines of its own before your source):\n"
+            f"{compiler_errors(str(e))}\n"
+            "hint: read the first error; a missing ';' or '}', a misspelt TensorView method (size, stride, "
+            "data_ptr, byte_offset, dtype, ndim) or a missing #include are the usual causes"
+        ) from None
+
+
+def prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
+    build()  # a compile error is reported as such, before the call
+    return require(STEM, "prefix_len")(a, b)
+
+
+def as_tensor(ids: list[int]) -> torch.Tensor:
+    """A list of token ids as a 1-D int64 tensor (the cheapest way: a numpy array, shared with torch)."""
+    return torch.from_numpy(np.fromiter(ids, dtype=np.int64, count=len(ids)))
+
+
+def kernel_cache_class(fn: Callable[[torch.Tensor, torch.Tensor], int] | None = None) -> type[RadixPrefixCache]:
+    """The engine's radix cache comparing its (list) keys with ``fn`` (default: the student's
+    ``prefix_len``); ``calls`` counts the compares."""
+    fn = fn or prefix_len
+
+    class KernelRadixCache(RadixPrefixCache):
+        calls = 0
+
+        @staticmethod
+        def prefix_len(a: list[int], b: list[int]) -> int:
+            KernelRadixCache.calls += 1
+            return fn(as_tensor(a), as_tensor(b))
+
+    return KernelRadixCache
+
+
+@contextmanager
+def registered_cache(cls: type[RadixPrefixCache], name: str = "lab13") -> Iterator[str]:
+    """``cls`` as the engine's ``cache_type=name`` inside the block; yields the name."""
+    with PREFIX_CACHES.registered(name, cls):
+        yield name

@@ -8,9 +8,12 @@ the compiler's first error lines, so every test fails with it instead of crashin
 
 from __future__ import annotations
 
+import hashlib
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,33 +29,65 @@ class CompileError(AssertionError):
     pass
 
 
-def compiler_errors(message: str, lines: int = 6) -> str:
+def compiler_errors(message: str, source: str = "", lines: int = 6) -> str:
     """The first lines of a compiler's output that matter: each ``error:`` line and the source line
-    it points at (ninja's command lines dropped)."""
-    out: list[str] = []
+    it points at (ninja's command lines dropped), with the file's line numbers turned into lines of
+    ``source`` where it can tell (tvm_ffi compiles ``main.cpp``: a few lines of its own, then the source)."""
     text = message.splitlines()
+    offset = None
+    path = next((m.group(1) for line in text if (m := re.search(r"(\S*main\.cpp):\d+", line))), None)
+    if path and source:
+        try:
+            whole = Path(path).read_text()
+            offset = whole[: whole.index(source)].count("\n") if source in whole else None
+        except OSError:
+            pass
+
+    def where(m: re.Match) -> str:
+        line = int(m.group(1))
+        return f"cpp_source() line {line - offset}:" if offset is not None else f"main.cpp line {line}:"
+
+    out: list[str] = []
     for i, line in enumerate(text):
         if _ERROR.search(line) and not line.startswith(("c++ ", "FAILED:", "ninja", "[")):
-            out += [line.strip()] + [s.rstrip() for s in text[i + 1 : i + 3] if re.match(r"\s*\d+ \|", s)]
+            out.append(re.sub(r"\S*main\.cpp:(\d+):(?:\d+:)?", where, line.strip()))
+            out += [
+                re.sub(r"^\s*\d+ \|", "    |", s.rstrip()) for s in text[i + 1 : i + 3] if re.match(r"\s*\d+ \|", s)
+            ]
         if len(out) >= lines:
             break
     return "\n".join(out[:lines]) or "\n".join(text[-lines:])
 
 
+def _failure_file(source: str) -> Path:
+    """Where a failed compile of ``source`` is remembered: every test runs in its own process, and a
+    source that did not compile fails the same way again, so later tests report it without the
+    seconds of a second compile."""
+    return Path(tempfile.gettempdir()) / "minisgl-lab13" / f"{hashlib.sha256(source.encode()).hexdigest()}.txt"
+
+
 def build() -> object:
-    """The student's compiled module (``build()`` of the lab file)."""
+    """The student's compiled module (``build()`` of the lab file); a compile error is an
+    ``AssertionError`` with the compiler's first errors and a hint."""
+    source = require(STEM, "cpp_source")()
+    failed = _failure_file(source) if isinstance(source, str) else None
+    if failed is not None and failed.exists():
+        raise CompileError(failed.read_text())
     try:
         return require(STEM, "build")()
     except RuntimeError as e:
         if "ninja" not in str(e) and "error" not in str(e):
             raise
-        raise CompileError(
-            "your C++ source did not compile. The compiler's first errors (line numbers are in the file "
-            "tvm_ffi compiles, which adds a few lines of its own before your source):\n"
-            f"{compiler_errors(str(e))}\n"
+        message = (
+            "your C++ source did not compile. The compiler's first errors:\n"
+            f"{compiler_errors(str(e), source if isinstance(source, str) else '')}\n"
             "hint: read the first error; a missing ';' or '}', a misspelt TensorView method (size, stride, "
             "data_ptr, byte_offset, dtype, ndim) or a missing #include are the usual causes"
-        ) from None
+        )
+        if failed is not None and "error:" in str(e):  # a compiler's verdict, not a missing tool
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            failed.write_text(message)
+        raise CompileError(message) from None
 
 
 def prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -71,7 +71,15 @@ using tvm::ffi::TensorView;
 
 
 def cpp_source() -> str:
-    """The C++ source of ``int64_t prefix_len(TensorView a, TensorView b)``, after ``CPP_HEADER``."""
+    """The C++ source of ``prefix_len``: ``CPP_HEADER`` followed by your function, shaped like
+
+        int64_t prefix_len(TensorView a, TensorView b) {
+          // 1. two 1-D int64 tensors, else TVM_FFI_THROW(ValueError or TypeError) << "why";
+          // 2. n = the shorter length; element i of a is at (its first element) + i * a.stride(0)
+          // 3. count equal elements from the start; stop at the first difference, or at n
+        }
+
+    and returned as one string: ``CPP_HEADER + r'''...'''``."""
     raise NotImplementedError("Lab 13: return CPP_HEADER + the C++ text of prefix_len (see the docstring)")
 
 

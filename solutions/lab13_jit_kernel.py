@@ -71,7 +71,15 @@ using tvm::ffi::TensorView;
 
 
 def cpp_source() -> str:
-    """The C++ source of ``int64_t prefix_len(TensorView a, TensorView b)``, after ``CPP_HEADER``."""
+    """The C++ source of ``prefix_len``: ``CPP_HEADER`` followed by your function, shaped like
+
+        int64_t prefix_len(TensorView a, TensorView b) {
+          // 1. two 1-D int64 tensors, else TVM_FFI_THROW(ValueError or TypeError) << "why";
+          // 2. n = the shorter length; element i of a is at (its first element) + i * a.stride(0)
+          // 3. count equal elements from the start; stop at the first difference, or at n
+        }
+
+    and returned as one string: ``CPP_HEADER + r'''...'''``."""
     # BEGIN SOLUTION hint="return CPP_HEADER + the C++ text of prefix_len (see the docstring)"
     return (
         CPP_HEADER
@@ -81,7 +89,7 @@ static const int64_t* first(const TensorView& t) {
   return reinterpret_cast<const int64_t*>(static_cast<const char*>(t.data_ptr()) + t.byte_offset());
 }
 
-int64_t prefix_len(TensorView a, TensorView b) {
+int64_t prefix_len(TensorView a, TensorView b) {  // a, b: 1-D int64, any stride
   const DLDataType i64{kDLInt, 64, 1};
   if (a.ndim() != 1 || b.ndim() != 1) TVM_FFI_THROW(ValueError) << "prefix_len takes two 1-D tensors";
   if (a.dtype() != i64 || b.dtype() != i64) TVM_FFI_THROW(TypeError) << "prefix_len takes int64 tensors";

@@ -5,7 +5,6 @@ comparing its keys with your kernel. Run: ``python -m autograder lab13``."""
 from __future__ import annotations
 
 import random
-import statistics
 import time
 
 import torch
@@ -225,37 +224,38 @@ def test_random_arrays_match_python():
 
 
 # ---- speed -----------------------------------------------------------------------------------------
-def _median_us(fn, repeats: int = 7, number: int = 20) -> float:
-    times = []
+def _best_us(fn, number: int, repeats: int = 10) -> float:
+    """The fastest of ``repeats`` timings of ``number`` calls, per call in microseconds: another process
+    can only add time to a timing, so the fastest one is the least disturbed."""
+    best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(number):
             fn()
-        times.append((time.perf_counter() - start) / number)
-    return statistics.median(times) * 1e6
+        best = min(best, time.perf_counter() - start)
+    return best / number * 1e6
 
 
 @points(7)
 def test_faster_than_python():
     """On two equal 32,768-token keys (the lesson's benchmark) your kernel is at least 5x faster than the
-    engine's Python compare on lists (the reference kernel is 30-50x faster; medians of 7 repeats)."""
+    engine's Python compare on lists (the reference kernel is 30-50x faster). Five rounds, each the best of
+    ten timings of both, interleaved; the median round's speed-up counts."""
     n = 32_768
     a = torch.randint(0, 150_000, (n,), dtype=torch.int64)
     b = a.clone()
     la, lb = a.tolist(), b.tolist()
     expect(a, b, "two equal 32,768-token keys", n)  # points for speed only when the answer is right
-    kernel = lambda: lab.prefix_len(a, b)  # noqa: E731
+    fn = lab.kernel()
+    kernel = lambda: fn(a, b)  # noqa: E731
     python = lambda: common_prefix_len(la, lb)  # noqa: E731
-    kernel()
-    k_us, p_us = [], []
-    for _ in range(3):  # interleaved, so a busy moment slows both
-        k_us.append(_median_us(kernel))
-        p_us.append(_median_us(python, repeats=3, number=5))
-    speedup = statistics.median(p_us) / statistics.median(k_us)
+    rounds = [(_best_us(kernel, number=4), _best_us(python, number=1)) for _ in range(5)]
+    k_us, p_us = sorted(rounds, key=lambda r: r[1] / r[0])[len(rounds) // 2]  # the median round
+    speedup = p_us / k_us
     assert speedup >= 5, (
-        f"speed: prefix_len took {statistics.median(k_us):.0f} us on 32,768 tokens, the Python compare "
-        f"{statistics.median(p_us):.0f} us: {speedup:.1f}x faster, expected at least 5x. Is there a Python loop, "
-        ".tolist() or a copy in prefix_len? The kernel should read the tensors in place"
+        f"speed: prefix_len took {k_us:.0f} us on 32,768 tokens, the Python compare {p_us:.0f} us: {speedup:.1f}x "
+        "faster, expected at least 5x. Is there a Python loop, .tolist() or a copy in prefix_len? The kernel "
+        "should read the tensors in place"
     )
 
 
@@ -273,7 +273,7 @@ def _rounds(model, seed: int = 13) -> list[list[list[int]]]:
     ]
 
 
-@points(6, timeout=180)
+@points(6, timeout=90)
 @engine
 def test_engine_with_your_kernel(tiny_llama):
     """The engine whose radix cache compares keys with your prefix_len (cache_type="lab13") generates

@@ -82,6 +82,11 @@ def build() -> object:
     try:
         _built.append(require(STEM, "build")())
         return _built[0]
+    except FileNotFoundError as e:  # tvm_ffi runs ninja, which runs the compiler
+        raise AssertionError(
+            f"the C++ build could not start ({e}): lab 13 needs a C++ compiler and ninja (the README says how "
+            "to install them)"
+        ) from None
     except RuntimeError as e:
         if "ninja" not in str(e) and "error" not in str(e):
             raise

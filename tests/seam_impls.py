@@ -12,6 +12,7 @@ from minisgl.distributed import TorchCommunicator
 from minisgl.engine.graph import BucketPlan
 from minisgl.engine.sample import DefaultSampler
 from minisgl.kvcache import FreeListAllocator, RadixPrefixCache, TensorReqTable
+from minisgl.kvcache.radix import common_prefix_len
 from minisgl.layers import RowParallelLinear, TPLayers, apply_rotary, rms_norm, rope_inv_freq, silu_and_mul
 from minisgl.layers.rotary import RotaryImpl
 from minisgl.scheduler import GreedyChunking, Optimistic, PlainLoop
@@ -38,6 +39,15 @@ class Cache(RadixPrefixCache):
     def match_prefix(self, token_ids):
         CALLS["prefix_cache"] += 1
         return super().match_prefix(token_ids)
+
+
+def _key_compare(a, b):
+    CALLS["key_compare"] += 1
+    return common_prefix_len(a, b)
+
+
+class KeyCompareCache(RadixPrefixCache):
+    prefix_len = staticmethod(_key_compare)
 
 
 class Backend(TorchBackend):

@@ -31,6 +31,7 @@ PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 SEAMS = {
     "sampler": (SAMPLERS, seam_impls.Sampler, "components"),
     "prefix_cache": (PREFIX_CACHES, seam_impls.Cache, "cache_type"),
+    "key_compare": (PREFIX_CACHES, seam_impls.KeyCompareCache, "cache_type"),  # the radix cache's prefix_len
     "attention": (BACKENDS, seam_impls.Backend, "attention_backend"),
     "norm": (NORMS, seam_impls.norm, "components"),
     "rotary": (ROTARIES, seam_impls.rotary, "components"),

@@ -9,7 +9,8 @@ ROOT="${AUTOGRADER_ROOT:-/autograder}"
 SRC="$ROOT/source"
 
 apt-get update
-apt-get install -y --no-install-recommends python3 python3-venv python3-pip
+# g++ and ninja: tvm_ffi compiles C++ at run time (lab 13's kernel, the engine's paged decode kernel)
+apt-get install -y --no-install-recommends python3 python3-venv python3-pip g++ ninja-build
 PY3=python3
 if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   apt-get install -y --no-install-recommends python3.11 python3.11-venv

@@ -307,7 +307,7 @@ def test_tvm_ffi_kv_store_refuses_bad_inputs():
         jit_store.store_kv(*pools, torch.arange(4, device="cuda"), k[:, :1], v[:, :1])
 
 
-# ---- FP8 KV cache (CPU tests: test_kv_fp8.py) -------------------------------------------------
+# ---- FP8 KV cache and weights (CPU tests: test_fp8.py) -------------------------------------------------
 
 
 def test_fp8_kv_cache_on_flashinfer_matches_the_torch_backend(gpu_models):
@@ -325,6 +325,30 @@ def test_fp8_kv_cache_on_flashinfer_matches_the_torch_backend(gpu_models):
         assert_same_greedy((tokens, logits), ref[:2])
     with pytest.raises(ValueError, match="does not read an FP8 KV cache"):
         FA3Backend(engine.kv_pool, engine.table, 4, 128)
+
+
+def test_fp8_weights_use_scaled_mm_on_hopper_and_match_the_emulation(gpu_models):
+    """``--quantization fp8`` on an H100/H200: each layer is one ``torch._scaled_mm`` whose output is
+    the CPU's emulation of the same rounding, up to bf16 output rounding and summation order; the engine
+    runs on it with graphs and overlap."""
+    from minisgl.layers.linear import ColumnParallelLinear, quantize_fp8
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("FP8 tensor cores need Hopper")
+    with torch.device("cuda"):
+        layer = ColumnParallelLinear(256, [512]).to(torch.bfloat16)
+    layer.weight.data.normal_()
+    quantize_fp8(layer)
+    assert layer.fp8.scaled_mm
+    x = torch.randn(37, 256, device="cuda", dtype=torch.bfloat16)
+    got = layer(x)
+    layer.fp8.scaled_mm = False
+    want = layer(x)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+    tokens, logits, llm = run(gpu_models["qwen3"], cuda_graph_max_bs=8, quantization="fp8")
+    assert llm.scheduler.engine.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    eager = run(gpu_models["qwen3"], cuda_graph_max_bs=0, quantization="fp8", components=PLAIN)[:2]
+    assert_same_greedy((tokens, logits), eager)
 
 
 # ---- tensor parallelism over NCCL (needs as many GPUs as ranks) -----------------------------------

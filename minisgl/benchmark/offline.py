@@ -219,6 +219,7 @@ ENGINE_FLAGS = [
     "dummy_weight",
     "dtype",
     "kv_cache_dtype",
+    "quantization",
     "page_size",
     "cache_type",
     "attention_backend",

@@ -1,6 +1,7 @@
 """What a lossy option costs in quality: greedy-token agreement and log-likelihood against a reference.
 
     python -m minisgl.benchmark.quality --kv-cache-dtype fp8_e4m3          # vs the same model in bf16
+    python -m minisgl.benchmark.quality --quantization fp8                 # FP8 weights (W8A8)
     python -m minisgl.benchmark.quality --dtype float32 --reference-dtype bfloat16
 
 Both engines run the embedded model (or ``--model``) on the same inputs:
@@ -88,9 +89,9 @@ class NextTokenLogProbs:
         engine.forward_batch, engine.sampler = forward_batch, Recording()
 
 
-def measure(model: str | None, dtype: str, kv_cache_dtype: str, max_tokens: int) -> dict:
+def measure(model: str | None, dtype: str, kv_cache_dtype: str, quantization: str | None, max_tokens: int) -> dict:
     t0 = time.perf_counter()
-    llm = LLM(model, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(model, dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization)
     try:
         convs = [[{"role": "user", "content": p}] for p in PROMPTS]
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -134,16 +135,18 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--quantization", default=None, choices=["fp8"])
     ap.add_argument("--reference-dtype", default=None, help="the reference's dtype (default: --dtype)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", default=None, help="append the result to this JSON file")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    ref = measure(args.model, args.reference_dtype or args.dtype, "auto", args.max_tokens)
-    run = measure(args.model, args.dtype, args.kv_cache_dtype, args.max_tokens)
+    ref = measure(args.model, args.reference_dtype or args.dtype, "auto", None, args.max_tokens)
+    run = measure(args.model, args.dtype, args.kv_cache_dtype, args.quantization, args.max_tokens)
     row = dict(
         model=args.model or "SmolLM2-135M-Instruct (embedded)",
-        option=f"--dtype {args.dtype} --kv-cache-dtype {args.kv_cache_dtype}",
+        option=f"--dtype {args.dtype} --kv-cache-dtype {args.kv_cache_dtype}"
+        + (f" --quantization {args.quantization}" if args.quantization else ""),
         reference=f"--dtype {ref['dtype']} --kv-cache-dtype auto",
         **compare(run, ref),
         seconds=[ref["seconds"], run["seconds"]],

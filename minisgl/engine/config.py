@@ -82,6 +82,13 @@ class EngineConfig:
         "with a per-tensor scale of 1, saturating at +-448, and read back in the model's dtype)",
         choices=("auto", "fp8_e4m3"),
     )
+    quantization: str | None = option(
+        None,
+        "fp8: the linear layers' weights in FP8 with a scale per output row, inputs quantized per token "
+        "(W8A8; FP8 tensor cores on Hopper, the same rounding emulated elsewhere); the embedding and LM "
+        "head stay in --dtype",
+        choices=("fp8",),
+    )
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     tp_size: int = option(
         1, "tensor-parallel ranks, one scheduler process each", "--tp-size", "--tp", "--tensor-parallel-size"
@@ -164,6 +171,8 @@ class EngineConfig:
             raise ValueError(f"memory_ratio must be in (0, 1], got {self.memory_ratio}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8_e4m3, got {self.kv_cache_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

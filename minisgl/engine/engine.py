@@ -18,6 +18,7 @@ from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
+from minisgl.layers.linear import quantize_fp8
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.resolve import resolve_model
 from minisgl.models.weights import init_dummy_weights, load_weights
@@ -92,6 +93,8 @@ class Engine:
             init_dummy_weights(model, seed=self.config.seed)
         else:
             load_weights(model, self.model_path)
+        if self.config.quantization == "fp8":
+            logger.info("FP8 weights: %d linear layers quantized", quantize_fp8(model))
         return model.eval()
 
     def _num_pages(self) -> int:

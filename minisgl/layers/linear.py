@@ -7,6 +7,12 @@ decoder block pairs them: ``qkv`` (column) -> attention -> ``o_proj`` (row), and
 
 Each parameter carries a ``weight_loader(param, loaded, shard_id)`` that copies this rank's slice of
 a checkpoint tensor; ``loaded`` is a tensor or a lazy safetensors slice, sliced before reading.
+
+FP8 weights (``--quantization fp8``, :func:`quantize_fp8`): after loading, each layer's weight becomes
+float8_e4m3fn with one scale per output row (its largest magnitude / 448), and each input row is
+quantized the same way when it arrives (one scale per token): W8A8. On a Hopper GPU the product is
+one ``torch._scaled_mm`` (FP8 tensor cores, float32 accumulation); elsewhere the same quantized values
+are multiplied in the model's dtype, so the CPU measures the same rounding the GPU does.
 """
 
 from __future__ import annotations
@@ -36,6 +42,49 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+
+def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (2-D) as FP8 with one float32 scale per row: ``x ~= q * scale``."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+class FP8Linear:
+    """The product of a layer whose weight was quantized by :func:`quantize_fp8`."""
+
+    def __init__(self, layer: nn.Module):
+        w = layer.weight.data
+        q, scale = fp8_rows(w)
+        self.dtype = w.dtype
+        layer.weight = nn.Parameter(q, requires_grad=False)
+        layer.weight_scale = scale.view(1, -1)  # [1, out]
+        # FP8 tensor cores: Hopper and later, with the sizes cuBLASLt takes
+        self.scaled_mm = w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
+        self.scaled_mm = self.scaled_mm and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0
+
+    def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        xq, xs = fp8_rows(x.reshape(-1, shape[-1]))
+        if self.scaled_mm:
+            y = torch._scaled_mm(xq, layer.weight.t(), xs, layer.weight_scale, out_dtype=self.dtype)
+        else:
+            w = (layer.weight.float() * layer.weight_scale.t()).to(self.dtype)
+            y = F.linear((xq.float() * xs).to(self.dtype), w)
+        return y.view(*shape[:-1], -1)
+
+
+def quantize_fp8(model: nn.Module) -> int:
+    """Quantize every column- and row-parallel layer's weight to FP8 in place (the embedding and the
+    LM head stay in the model's dtype); returns how many layers."""
+    layers = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    for m in layers:
+        m.fp8 = FP8Linear(m)
+    return len(layers)
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x W^T (+ b)`` with the output made of shards (e.g. ``[gate, up]``), each split over
     ranks. ``local_sizes[i]`` is this rank's rows of shard ``i``; ``_slice(i)`` says which rows of the
@@ -63,7 +112,12 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"checkpoint slice {tuple(rows.shape)} != parameter slice {tuple(dst.shape)}")
         dst.copy_(rows)
 
+    fp8: FP8Linear | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8 is not None:
+            y = self.fp8(self, x)
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
 
@@ -118,6 +172,8 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"checkpoint slice {tuple(cols.shape)} != parameter shape {tuple(param.shape)}")
         param.data.copy_(cols)
 
+    fp8: FP8Linear | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight))
+        y = all_reduce(F.linear(x, self.weight) if self.fp8 is None else self.fp8(self, x))
         return y if self.bias is None else y + self.bias

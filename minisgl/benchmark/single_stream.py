@@ -1,0 +1,101 @@
+"""Single-stream decode on the CPU: one chat request, its tokens per second after the first, for this
+engine and for llama.cpp (through llama-cpp-python) on the same model and prompt.
+
+    python -m minisgl.benchmark.single_stream                       # the embedded model, minisgl
+    python -m minisgl.benchmark.single_stream --gguf smollm2-bf16.gguf   # and llama.cpp on its GGUF
+
+The GGUF comes from the same HF folder (``minisgl.models.embedded.embedded_model_path()``) through
+llama.cpp's ``convert_hf_to_gguf.py --outtype bf16``. Decode speed excludes the prompt's prefill and the
+first token: for llama.cpp ``(n - 1) / (t_n - t_1)`` over the streamed tokens, for minisgl (whose
+offline API does not stream) ``n - 1`` tokens over the time of an ``n``-token run less a 1-token run.
+Median of ``--repeats`` after a warm-up; both greedy, ``n`` tokens each (EOS ignored or banned), every
+core unless ``--threads`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def decode_rate(stamps: list[float]) -> float:
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def minisgl_rates(dtype: str, tokens: int, repeats: int) -> list[float]:
+    from minisgl import LLM, SamplingParams
+
+    llm = LLM(None, dtype=dtype)
+    ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    rates = []
+    try:
+        for _ in range(repeats + 1):  # the first run warms up
+            # the offline API has no stream: the decode time is a run of `tokens` less a run of one
+            t0 = time.perf_counter()
+            llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False)
+            t1 = time.perf_counter()
+            llm.generate([ids], params, use_tqdm=False)
+            t2 = time.perf_counter()
+            rates.append((tokens - 1) / ((t2 - t1) - (t1 - t0)))
+    finally:
+        llm.shutdown()
+    return rates[1:]
+
+
+def llama_cpp_rates(gguf: str, tokens: int, repeats: int, threads: int) -> list[float]:
+    from llama_cpp import Llama
+
+    llm = Llama(gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
+    eos = llm.token_eos()
+    rates = []
+    for _ in range(repeats + 1):
+        stamps = []
+        for _ in llm.create_chat_completion(
+            [{"role": "user", "content": PROMPT}],
+            max_tokens=tokens,
+            temperature=0.0,
+            stream=True,
+            logit_bias={eos: -1e9},  # as ignore_eos: every run decodes `tokens` tokens
+        ):
+            stamps.append(time.perf_counter())
+        rates.append(decode_rate(stamps[1:-1]))  # the first chunk is the role; the last the finish
+    return rates[1:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", default=None, help="llama.cpp: the model converted to GGUF")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="minisgl's dtypes to run")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    for dtype in filter(None, args.dtypes.split(",")):
+        r = minisgl_rates(dtype, args.tokens, args.repeats)
+        rows.append(dict(engine="minisgl", dtype=dtype, tok_s=round(statistics.median(r), 1), runs=r))
+        print(json.dumps(rows[-1]))
+    if args.gguf:
+        r = llama_cpp_rates(args.gguf, args.tokens, args.repeats, args.threads)
+        rows.append(
+            dict(engine="llama.cpp", gguf=os.path.basename(args.gguf), tok_s=round(statistics.median(r), 1), runs=r)
+        )
+        print(json.dumps(rows[-1]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "tokens": args.tokens, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

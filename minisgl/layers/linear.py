@@ -12,7 +12,8 @@ FP8 weights (``--quantization fp8``, :func:`quantize_fp8`): after loading, each 
 float8_e4m3fn with one scale per output row (its largest magnitude / 448), and each input row is
 quantized the same way when it arrives (one scale per token): W8A8. On a Hopper GPU the product is
 one ``torch._scaled_mm`` (FP8 tensor cores, float32 accumulation); elsewhere the same quantized values
-are multiplied in the model's dtype, so the CPU measures the same rounding the GPU does.
+are multiplied in the model's dtype (the weight's rounded copy kept beside the FP8 one), so the CPU
+measures the same rounding the GPU does.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class FP8Linear:
         # FP8 tensor cores: Hopper and later, with the sizes cuBLASLt takes
         self.scaled_mm = w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
         self.scaled_mm = self.scaled_mm and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0
+        self.emulated: torch.Tensor | None = None  # the rounded weight in the model's dtype, built once
 
     def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -71,8 +73,9 @@ class FP8Linear:
         if self.scaled_mm:
             y = torch._scaled_mm(xq, layer.weight.t(), xs, layer.weight_scale, out_dtype=self.dtype)
         else:
-            w = (layer.weight.float() * layer.weight_scale.t()).to(self.dtype)
-            y = F.linear((xq.float() * xs).to(self.dtype), w)
+            if self.emulated is None:
+                self.emulated = (layer.weight.float() * layer.weight_scale.t()).to(self.dtype)
+            y = F.linear((xq.float() * xs).to(self.dtype), self.emulated)
         return y.view(*shape[:-1], -1)
 
 

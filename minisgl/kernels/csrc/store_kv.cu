@@ -114,23 +114,21 @@ void store_kv(TensorView k_cache, TensorView v_cache, TensorView loc, TensorView
       store_rows_fp8<<<static_cast<unsigned>(n), threads, 0, s>>>(reinterpret_cast<const __half*>(kp),
           reinterpret_cast<const __half*>(vp), k.stride(0), v.stride(0), lp, kq, vq, cache_row);
     }
-    cudaError_t err = cudaGetLastError();
-    TVM_FFI_ICHECK(err == cudaSuccess) << "store_kv launch failed: " << cudaGetErrorString(err);
-    return;
+  } else {
+    // the widest access every address and stride is aligned to
+    uint64_t bits = static_cast<uint64_t>(row) | ks | vs | reinterpret_cast<uintptr_t>(kp) |
+                    reinterpret_cast<uintptr_t>(vp) | reinterpret_cast<uintptr_t>(kc) | reinterpret_cast<uintptr_t>(vc);
+    auto launch = [&](auto vec, int64_t width) {
+      using V = decltype(vec);
+      const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, row / width)));
+      store_rows<V><<<static_cast<unsigned>(n), threads, 0, s>>>(kp, vp, ks, vs, lp, kc, vc, row);
+    };
+    if (bits % 16 == 0) launch(uint4{}, 16);
+    else if (bits % 8 == 0) launch(Vec8{}, 8);
+    else if (bits % 4 == 0) launch(uint32_t{}, 4);
+    else if (bits % 2 == 0) launch(uint16_t{}, 2);
+    else launch(uint8_t{}, 1);
   }
-  // the widest access every address and stride is aligned to
-  uint64_t bits = static_cast<uint64_t>(row) | ks | vs | reinterpret_cast<uintptr_t>(kp) |
-                  reinterpret_cast<uintptr_t>(vp) | reinterpret_cast<uintptr_t>(kc) | reinterpret_cast<uintptr_t>(vc);
-  auto launch = [&](auto vec, int64_t width) {
-    using V = decltype(vec);
-    const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, row / width)));
-    store_rows<V><<<static_cast<unsigned>(n), threads, 0, s>>>(kp, vp, ks, vs, lp, kc, vc, row);
-  };
-  if (bits % 16 == 0) launch(uint4{}, 16);
-  else if (bits % 8 == 0) launch(Vec8{}, 8);
-  else if (bits % 4 == 0) launch(uint32_t{}, 4);
-  else if (bits % 2 == 0) launch(uint16_t{}, 2);
-  else launch(uint8_t{}, 1);
   cudaError_t err = cudaGetLastError();
   TVM_FFI_ICHECK(err == cudaSuccess) << "store_kv launch failed: " << cudaGetErrorString(err);
 }

@@ -14,6 +14,7 @@ second (``BusyMsg``), so that ``/health`` tells a busy scheduler from a hung one
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -215,6 +216,11 @@ def run_scheduler(config: EngineConfig, addrs: Addresses | None, log_level: str)
             follow(sched)
         except LeaderGone as e:  # on another node this is how a stop of node 0 arrives
             logger.info("rank 0 has gone (%s); stopping", e)
+            # Not a normal return: gloo's threads still hold the dead peer's sockets, and tearing
+            # them down at interpreter exit can abort the process ("terminate called without an
+            # active exception", code -6) although the stop was clean.
+            logging.shutdown()
+            os._exit(0)
         return
     if sched.device.type == "cuda":  # before the server says it is ready
         logger.info("warmed up in %.1f s", warm_up(sched))

@@ -139,6 +139,94 @@ def test_cpu_kernel_agrees_with_torch():
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_linear_kernel_equals_the_exact_product(dtype):
+    """The C++ decode-step linear (minisgl/kernels/small_linear.py): every row count up to MAX_ROWS
+    (tiles of 4 and the rest), feature counts that leave a masked tail, odd output counts, a bias, a
+    strided 3-D input. It accumulates in float32 and rounds once: within a float32 dot product's error
+    of the float64 product, and in bf16 one rounding of it (at most half a bf16 ulp, plus that)."""
+    from minisgl.kernels import small_linear as sl
+
+    assert sl.available(), "the C++ kernel did not build (is a C++ compiler installed?)"
+    g = torch.Generator().manual_seed(0)
+    for rows in range(1, sl.MAX_ROWS + 1):
+        for k, n in ((576, 97), (1536, 64), (100, 7), (33, 5), (7, 3)):
+            x = torch.randn(rows, k, generator=g).to(dtype)
+            w = torch.randn(n, k, generator=g).to(dtype)
+            assert sl.uses_kernel(x, w)
+            got = sl.linear(x, w).double()
+            exact = x.double() @ w.double().T
+            scale = x.double().abs() @ w.double().abs().T  # bounds a float32 sum's rounding error
+            bound = scale * k * 2**-24 + (exact.abs() * 2**-8 if dtype == torch.bfloat16 else 0)
+            assert ((got - exact).abs() <= bound).all(), (rows, k, n, ((got - exact).abs() / scale).max().item())
+    x = torch.randn(2, 9, 3, 64, generator=g).to(dtype)[:, ::3, 1]  # [2, 3, 64], strided
+    w, b = torch.randn(5, 64, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype)
+    torch.testing.assert_close(sl.linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=3e-2, rtol=2e-2)
+    assert sl.linear(x, w, b).shape == (2, 3, 5)
+    row = torch.randn(1, 3 * 64, generator=g).to(dtype)[:, 64:128]  # contiguous to torch, row stride 192
+    torch.testing.assert_close(sl.linear(row, w), torch.nn.functional.linear(row, w), atol=3e-2, rtol=2e-2)
+    # torch's matmul where the kernel is not faster, or cannot run
+    assert not sl.uses_kernel(torch.ones(sl.MAX_ROWS + 1, 64, dtype=dtype), w)
+    assert not sl.uses_kernel(torch.ones(1, 64, dtype=torch.float16), w.half())
+    assert not sl.uses_kernel(torch.ones(1, 64, dtype=dtype), torch.ones(64, 5, dtype=dtype).T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_fused_kernels_round_as_the_torch_layers_do(dtype):
+    """The C++ element-wise kernels (minisgl/kernels/cpu_fused.py) against the layers' torch math:
+    rotary embedding bit for bit (the same products rounded the same way), the SwiGLU activation and
+    the norms within one rounding (a sum's order, exp's last bit)."""
+    from minisgl.kernels import cpu_fused as cf
+    from minisgl.layers.activation import silu_and_mul
+    from minisgl.layers.norm import rms_norm
+    from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
+
+    assert cf.available(), "the C++ kernels did not build (is a C++ compiler installed?)"
+    g = torch.Generator().manual_seed(0)
+
+    def assert_alike(got, want):
+        if dtype == torch.float32:  # a float32 sum in another order
+            torch.testing.assert_close(got, want, rtol=2**-20, atol=1e-30)
+            return
+        # bf16: equal but for the rare element a different sum order pushes across a rounding boundary
+        # (a weight multiplied before rounding, as FlashInfer does it, differs on a third of them)
+        differ = got != want
+        assert differ.float().mean() <= 0.01, f"{int(differ.sum())} of {got.numel()} differ"
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=0)
+
+    for tokens in (1, 3, cf.MAX_TOKENS):
+        x = (torch.randn(tokens, 96, generator=g) * 3).to(dtype)
+        res, w = torch.randn(tokens, 96, generator=g).to(dtype), torch.rand(96, generator=g).to(dtype) + 0.5
+        assert_alike(cf.rmsnorm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+        xf, rf = x.clone(), res.clone()
+        cf.fused_add_rmsnorm(xf, rf, w, 1e-6)
+        assert torch.equal(rf, x + res)
+        assert_alike(xf, rms_norm(x + res, w, 1e-6))
+
+        gu = (torch.randn(tokens, 2 * 80, generator=g) * 4).to(dtype)
+        assert_alike(cf.silu_and_mul(gu), silu_and_mul(gu.clone()))
+
+        rope = RotaryEmbedding(32, 512, 10000.0)
+        pos = torch.randint(0, 512, (tokens,), generator=g)
+        q, k = torch.randn(tokens, 4, 32, generator=g).to(dtype), torch.randn(tokens, 2, 32, generator=g).to(dtype)
+        cos, sin = rope.cos_sin[pos].to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cf.apply_rope_with_cos_sin_cache_inplace(pos, q.view(tokens, -1), k.view(tokens, -1), 32, rope.cos_sin, True)
+        assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    with pytest.raises(Exception, match="outside the rotary table"):
+        cf.apply_rope_with_cos_sin_cache_inplace(
+            torch.tensor([512]), q[:1].view(1, -1), k[:1].view(1, -1), 32, rope.cos_sin, True
+        )
+    # one row cut out of a wider one: contiguous to torch whatever its row stride (Qwen3's k at tp=2)
+    row = torch.randn(1, 3 * 96, generator=g).to(dtype)[:, 96:192]
+    assert row.is_contiguous() and row.stride(0) == 3 * 96
+    assert_alike(cf.rmsnorm(row, w, 1e-6), rms_norm(row, w, 1e-6))
+    # a decode step's few tokens only; torch's threaded ops run the rest
+    assert cf.applies(torch.ones(cf.MAX_TOKENS, 8, dtype=dtype))
+    assert not cf.applies(torch.ones(cf.MAX_TOKENS + 1, 8, dtype=dtype))
+    assert not cf.applies(torch.ones(1, 8, dtype=torch.float16))
+
+
 def test_conversion_output_is_readable_when_not_a_terminal(tmp_path):
     """Converting the embedded model with its output going to a file or a pipe (CI logs, notebooks)
     writes one line per step: no progress-bar carriage returns or cursor-up escapes."""

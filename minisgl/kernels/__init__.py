@@ -1,16 +1,46 @@
 """Fused kernels. Each has a pure-torch fallback that computes the same thing; the fused version
 is used only where it exists: FlashInfer's CUDA kernels, our Triton kernels (``triton_kernels``) and our
-CUDA K/V store through TVM FFI (``jit_store``) for tensors on a GPU. ``MINISGL_FUSED_KERNELS=0`` turns
-them all off."""
+CUDA K/V store through TVM FFI (``jit_store``) for tensors on a GPU; on the CPU, C++ through TVM FFI
+for a decode step's few tokens (``cpu_fused``: norm, rope, activation; ``small_linear``).
+``MINISGL_FUSED_KERNELS=0`` turns the fused ones off (``MINISGL_DISABLE_JIT=1`` every C++ kernel)."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
+from pathlib import Path
 
 import torch
 
 from minisgl.env import ENV
+
+logger = logging.getLogger(__name__)
+CSRC = Path(__file__).parent / "csrc"
+
+
+@functools.cache
+def cpu_module(name: str, functions: tuple[str, ...], *flags: str):
+    """``csrc/<name>.cc`` compiled for this CPU through TVM FFI (once: tvm_ffi keeps the library on disk,
+    keyed by source and flags), or None where it cannot be built (no compiler, ``MINISGL_DISABLE_JIT=1``):
+    every caller then runs its torch version, so a missing compiler is never an error. ``-march=native``:
+    it runs on the machine that compiled it (AVX-512 and its BF16 dot products where the CPU has them)."""
+    if ENV.disable_jit:
+        return None
+    try:
+        import tvm_ffi.cpp
+
+        return tvm_ffi.cpp.load_inline(
+            f"minisgl_{name}",
+            cpp_sources=(CSRC / f"{name}.cc").read_text(),
+            functions=list(functions),
+            extra_cflags=["-std=c++17", "-O3", "-march=native", "-fPIC", "-fopenmp", *flags],
+            extra_ldflags=["-shared", "-fopenmp"],
+            extra_include_paths=[str(CSRC)],
+        )
+    except Exception as e:  # a missing compiler or headers must not stop the engine
+        logger.warning("the C++ kernel %s is unavailable (%s); using the torch version", name, e)
+        return None
 
 
 def _enabled(module: str) -> bool:
@@ -41,8 +71,13 @@ def triton_ops(x: torch.Tensor):
 
 
 def fused_ops(x: torch.Tensor):
-    """FlashInfer's module when ``x`` can use its fused norm/rope/activation kernels, else None.
-    Decode on a GPU is hundreds of tiny element-wise kernels; fusing them saves most of that time."""
+    """The fused norm/rope/activation kernels that can take ``x``, else None: FlashInfer's module on a
+    GPU, ``cpu_fused`` (C++, same signatures) for a few tokens on the CPU. Decode is hundreds of tiny
+    element-wise ops a step; fusing them saves most of that time."""
+    if x.is_cpu and ENV.fused_kernels:
+        from minisgl.kernels import cpu_fused
+
+        return cpu_fused if cpu_fused.applies(x) else None
     if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
         return None
     return _flashinfer()

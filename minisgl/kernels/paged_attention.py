@@ -8,39 +8,15 @@ The kernel reads K/V rows in place through the slot list instead.
 
 from __future__ import annotations
 
-import functools
-import logging
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-from minisgl.env import ENV
-
-logger = logging.getLogger(__name__)
-_SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cc"
+from minisgl.kernels import cpu_module
 
 
-@functools.cache
 def _module():
-    """The compiled module, or None if it cannot be built here (no compiler: the torch path runs)."""
-    if ENV.disable_jit:
-        return None
-    try:
-        import tvm_ffi.cpp
-
-        return tvm_ffi.cpp.load_inline(
-            "minisgl_paged_decode",
-            cpp_sources=_SOURCE.read_text(),
-            functions="paged_decode_attention",
-            # native: it is compiled on the machine that runs it; fast-math lets the dot products and exp()
-            # vectorise (results stay within float rounding of the torch version: see the kernel test)
-            extra_cflags=["-std=c++17", "-O3", "-march=native", "-ffast-math", "-fPIC", "-fopenmp"],
-            extra_ldflags=["-shared", "-fopenmp"],
-        )
-    except Exception as e:  # a missing compiler or headers must not stop the engine
-        logger.warning("the C++ paged decode kernel is unavailable (%s); using the torch version", e)
-        return None
+    # fast-math lets exp() and the sums vectorise (within float rounding of the torch version: the test)
+    return cpu_module("paged_decode", ("paged_decode_attention",), "-ffast-math")
 
 
 def available() -> bool:

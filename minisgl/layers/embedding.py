@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_gather, all_reduce, get_tp_info
+from minisgl.kernels.small_linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -50,7 +51,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.weight = tie_to.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight)
         if get_tp_info().size > 1:
             logits = all_gather(logits, dim=-1)
         return logits[:, : self.vocab_size]

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_reduce, get_tp_info
+from minisgl.kernels.small_linear import linear
 
 
 def shape_of(loaded: Any) -> tuple[int, ...]:
@@ -121,7 +122,7 @@ class ColumnParallelLinear(nn.Module):
         if self.fp8 is not None:
             y = self.fp8(self, x)
             return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -178,5 +179,5 @@ class RowParallelLinear(nn.Module):
     fp8: FP8Linear | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight) if self.fp8 is None else self.fp8(self, x))
+        y = all_reduce(linear(x, self.weight) if self.fp8 is None else self.fp8(self, x))
         return y if self.bias is None else y + self.bias

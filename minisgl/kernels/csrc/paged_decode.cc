@@ -8,37 +8,60 @@
 //   out    [B, H, D]        softmax(q k^T * scale) v, per request and head (GQA: head h reads kv
 //                           head h / (H / Hkv))
 //
-// Work is split over (request, kv head); the query heads of a group share every K/V row read.
-#include <tvm/ffi/container/tensor.h>
-
+// Work is split over (request, query head); AVX-512 where the CPU has it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "cpu_common.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
+using namespace minisgl;
 using tvm::ffi::TensorView;
 
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const uint16_t* p, int64_t i) {
-  uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+#if defined(__AVX512F__)
+// 16 elements from i on (fewer at the end of a row: masked, the rest read as zeros) as float32
+inline __m512 load16(const float* p, int64_t n) {
+  return _mm512_maskz_loadu_ps(n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), p);
 }
-inline void store(float* p, int64_t i, float x) { p[i] = x; }
-inline void store(uint16_t* p, int64_t i, float x) {  // round to nearest even
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  p[i] = static_cast<uint16_t>(bits >> 16);
+inline __m512 load16(const uint16_t* p, int64_t n) {  // bf16 -> float32: the bits shifted up
+  const __m256i b = _mm256_maskz_loadu_epi16(n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+#endif
+
+// q . row over D elements (q in float32)
+template <typename T>
+inline float dot(const float* q, const T* row, int64_t D) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(load16(q + d, D - d), load16(row + d, D - d), acc);
+  return _mm512_reduce_add_ps(acc);
+#else
+  float s = 0.0f;
+  for (int64_t d = 0; d < D; ++d) s += q[d] * to_f(row[d]);
+  return s;
+#endif
 }
 
+// acc += w * row over D elements
 template <typename T>
-const T* ptr(const TensorView& t) {
-  return reinterpret_cast<const T*>(static_cast<const char*>(t.data_ptr()) + t.byte_offset());
+inline void axpy(float w, const T* row, float* acc, int64_t D) {
+#if defined(__AVX512F__)
+  const __m512 wv = _mm512_set1_ps(w);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __mmask16 m = D - d >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (D - d)) - 1);
+    _mm512_mask_storeu_ps(acc + d, m, _mm512_fmadd_ps(wv, load16(row + d, D - d), _mm512_maskz_loadu_ps(m, acc + d)));
+  }
+#else
+  for (int64_t d = 0; d < D; ++d) acc[d] += w * to_f(row[d]);
+#endif
 }
 
 template <typename T>
@@ -51,39 +74,26 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const T* vp = ptr<T>(v);
   const int64_t* sp = ptr<int64_t>(slots);
   const int32_t* lp = ptr<int32_t>(lens);
-  T* op = const_cast<T*>(ptr<T>(out));
-#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(threads)
+  T* op = ptr<T>(out);
+  // one item per (request, query head): at batch 1 that is 9-32 items, enough for every core; the
+  // heads of a KV group read the same K/V rows one after another, so the re-reads hit the cache
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t g = 0; g < Hkv; ++g) {
-      const int64_t L = lp[b];
-      std::vector<float> qf(G * D), acc(G * D, 0.0f), s(G * L);
-      for (int64_t h = 0; h < G; ++h)
-        for (int64_t d = 0; d < D; ++d) qf[h * D + d] = load(qp, (b * H + g * G + h) * D + d) * scale;
-      for (int64_t j = 0; j < L; ++j) {  // scores: each K row read once for the whole group
-        const int64_t base = (sp[b * Lmax + j] * Hkv + g) * D;
-        for (int64_t h = 0; h < G; ++h) {
-          float dot = 0.0f;
-          for (int64_t d = 0; d < D; ++d) dot += qf[h * D + d] * load(kp, base + d);
-          s[h * L + j] = dot;
-        }
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t L = lp[b], g = h / G;
+      std::vector<float> qf(D), acc(D, 0.0f), s(L);
+      for (int64_t d = 0; d < D; ++d) qf[d] = to_f(qp[(b * H + h) * D + d]) * scale;
+      const int64_t* row_slots = sp + b * Lmax;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < L; ++j) {
+        s[j] = dot(qf.data(), kp + (row_slots[j] * Hkv + g) * D, D);
+        m = std::max(m, s[j]);
       }
-      std::vector<float> inv(G);
-      for (int64_t h = 0; h < G; ++h) {  // softmax
-        float* row = s.data() + h * L;
-        const float m = *std::max_element(row, row + L);
-        float sum = 0.0f;
-        for (int64_t j = 0; j < L; ++j) sum += (row[j] = std::exp(row[j] - m));
-        inv[h] = 1.0f / sum;
-      }
-      for (int64_t j = 0; j < L; ++j) {  // weighted sum of V rows
-        const int64_t base = (sp[b * Lmax + j] * Hkv + g) * D;
-        for (int64_t h = 0; h < G; ++h) {
-          const float w = s[h * L + j];
-          for (int64_t d = 0; d < D; ++d) acc[h * D + d] += w * load(vp, base + d);
-        }
-      }
-      for (int64_t h = 0; h < G; ++h)
-        for (int64_t d = 0; d < D; ++d) store(op, (b * H + g * G + h) * D + d, acc[h * D + d] * inv[h]);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < L; ++j) sum += (s[j] = std::exp(s[j] - m));
+      for (int64_t j = 0; j < L; ++j) axpy(s[j], vp + (row_slots[j] * Hkv + g) * D, acc.data(), D);
+      const float inv = 1.0f / sum;
+      for (int64_t d = 0; d < D; ++d) op[(b * H + h) * D + d] = from_f<T>(acc[d] * inv);
     }
   }
 }
@@ -93,17 +103,17 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
 void paged_decode_attention(TensorView q, TensorView k, TensorView v, TensorView slots, TensorView lens,
                             TensorView out, double scale, int64_t threads) {
   TVM_FFI_ICHECK(q.ndim() == 3 && k.ndim() == 3 && v.ndim() == 3 && out.ndim() == 3) << "q/k/v/out must be 3-D";
-  TVM_FFI_ICHECK(q.IsContiguous() && k.IsContiguous() && v.IsContiguous() && out.IsContiguous()
-                 && slots.IsContiguous() && lens.IsContiguous()) << "inputs must be contiguous";
+  TVM_FFI_ICHECK(dense(q) && dense(k) && dense(v) && dense(out)
+                 && dense(slots) && dense(lens)) << "inputs must be contiguous";
   TVM_FFI_ICHECK(q.size(1) % k.size(1) == 0) << "query heads must be a multiple of KV heads";
   TVM_FFI_ICHECK(slots.dtype().code == kDLInt && slots.dtype().bits == 64) << "slots must be int64";
   TVM_FFI_ICHECK(lens.dtype().code == kDLInt && lens.dtype().bits == 32) << "lens must be int32";
   const DLDataType dt = q.dtype();
   TVM_FFI_ICHECK(dt == k.dtype() && dt == v.dtype() && dt == out.dtype()) << "q, k, v, out must share a dtype";
   const int n = static_cast<int>(std::max<int64_t>(1, threads));
-  if (dt.code == kDLFloat && dt.bits == 32) {
+  if (is_f32(dt)) {
     run<float>(q, k, v, slots, lens, out, static_cast<float>(scale), n);
-  } else if (dt.code == kDLBfloat && dt.bits == 16) {
+  } else if (is_bf16(dt)) {
     run<uint16_t>(q, k, v, slots, lens, out, static_cast<float>(scale), n);
   } else {
     TVM_FFI_THROW(TypeError) << "paged_decode_attention supports float32 and bfloat16";

@@ -1,0 +1,54 @@
+"""CPU linear layers at a few tokens a step: a C++ kernel compiled on first use through TVM FFI
+(``csrc/small_linear.cc``), and ``F.linear`` everywhere else.
+
+Why a kernel: a decode step at batch 1 multiplies every weight by one vector, so it takes as long as
+streaming the weights from memory. torch's CPU matmul is built for matrices: on the embedded model its
+matrix-vector products read the weights at 10-14 GB/s, where this machine streams 30+ GB/s. The kernel
+reads each weight row once, front to back, for all of the step's rows (float32 accumulation, rounded
+once, as torch does). From ``MAX_ROWS`` tokens on, oneDNN's blocked matmul (AMX in bf16) wins.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.kernels import cpu_module
+
+MAX_ROWS = 8
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _module():
+    return cpu_module("small_linear", ("small_linear",))
+
+
+def available() -> bool:
+    return _module() is not None
+
+
+def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` runs the kernel for this input and weight."""
+    return (
+        x.is_cpu
+        and x.dtype in DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and x.numel() <= MAX_ROWS * x.shape[-1]
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and available()
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; on the CPU at most ``MAX_ROWS`` rows of ``x`` go through the kernel."""
+    if not uses_kernel(x, weight):
+        return F.linear(x, weight, bias)
+    flat = x.dim() == 2 and x.is_contiguous()  # the decoder's case: no reshaping (~5 us a call)
+    rows = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype)
+    _module().small_linear(rows, weight, out, torch.get_num_threads())
+    if bias is not None:
+        out += bias
+    return out if flat else out.view(*x.shape[:-1], weight.shape[0])

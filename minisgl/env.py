@@ -48,7 +48,7 @@ class Var:
 
 VARS: tuple[Var, ...] = (
     Var("DISABLE_OVERLAP_SCHEDULING", False, flag, "1: the plain scheduler loop, even on CUDA"),
-    Var("FUSED_KERNELS", True, flag, "0: torch instead of the FlashInfer and Triton fused kernels"),
+    Var("FUSED_KERNELS", True, flag, "0: torch instead of the fused kernels (FlashInfer, Triton; C++ on the CPU)"),
     Var("FI_TENSOR_CORES", True, flag, "0: FlashInfer's CUDA-core decode kernel"),
     Var("FI_NO_SPLIT_MIN_BS", 32, int, "captured decode batches of at least this many skip split-KV"),
     Var("NVTX", True, flag, "0: no NVTX ranges on CUDA"),

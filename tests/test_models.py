@@ -227,6 +227,39 @@ def test_cpu_fused_kernels_round_as_the_torch_layers_do(dtype):
     assert not cf.applies(torch.ones(1, 8, dtype=torch.float16))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_decode_layer_keeps_the_python_layers_tokens(tiny_model, dtype, monkeypatch):
+    """A CPU decode step runs each decoder layer as one C++ call (models/cpu_decode.py). The same
+    requests with it and with the Python layers (MINISGL_FUSED_KERNELS=0) give the same greedy tokens,
+    Llama and Qwen3 (q/k norms), 1 to 8 requests at once and ragged prompts; and the C++ layer did run."""
+    from minisgl import LLM, SamplingParams
+    from minisgl.models import cpu_decode
+
+    assert cpu_decode._module() is not None, "the C++ layer did not build (is a C++ compiler installed?)"
+    prompts = [[5, 6, 7, 8, 9], [100] * 30, list(range(3, 60)), [7, 7, 9], [11] * 9, [3, 1, 4, 1, 5], [2] * 70, [42]]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    calls = []
+    real = cpu_decode.run_layers
+
+    def spy(*a):
+        out = real(*a)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(cpu_decode, "run_layers", spy)
+    llm = LLM(str(tiny_model), dtype=dtype)
+    try:
+        fused = [[o.token_ids for o in llm.generate(prompts[:n], params, use_tqdm=False)] for n in (1, 3, 8)]
+        assert sum(calls) >= 27, calls  # every decode step of every run (9 per run)
+        monkeypatch.setattr(ENV, "fused_kernels", False)
+        calls.clear()
+        plain = [[o.token_ids for o in llm.generate(prompts[:n], params, use_tqdm=False)] for n in (1, 3, 8)]
+        assert not any(calls)
+    finally:
+        llm.shutdown()
+    assert fused == plain
+
+
 def test_conversion_output_is_readable_when_not_a_terminal(tmp_path):
     """Converting the embedded model with its output going to a file or a pipe (CI logs, notebooks)
     writes one line per step: no progress-bar carriage returns or cursor-up escapes."""

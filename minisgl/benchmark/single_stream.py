@@ -8,8 +8,9 @@ The GGUF comes from the same HF folder (``minisgl.models.embedded.embedded_model
 llama.cpp's ``convert_hf_to_gguf.py --outtype bf16``. Decode speed excludes the prompt's prefill and the
 first token: for llama.cpp ``(n - 1) / (t_n - t_1)`` over the streamed tokens, for minisgl (whose
 offline API does not stream) ``n - 1`` tokens over the time of an ``n``-token run less a 1-token run.
-Median of ``--repeats`` after a warm-up; both greedy, ``n`` tokens each (EOS ignored or banned), every
-core unless ``--threads`` says otherwise.
+Median of ``--repeats`` rounds after a warm-up round, each engine once per round (so drift in a shared
+machine's speed hits every engine alike); both greedy, ``n`` tokens each (EOS ignored or banned),
+every core unless ``--threads`` says otherwise.
 """
 
 from __future__ import annotations
@@ -29,35 +30,34 @@ def decode_rate(stamps: list[float]) -> float:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-def minisgl_rates(dtype: str, tokens: int, repeats: int) -> list[float]:
+def minisgl_runner(dtype: str, tokens: int):
+    """``(run, close)``: ``run()`` decodes one chat answer and returns its tokens per second."""
     from minisgl import LLM, SamplingParams
 
     llm = LLM(None, dtype=dtype)
     ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    rates = []
-    try:
-        for _ in range(repeats + 1):  # the first run warms up
-            # the offline API has no stream: the decode time is a run of `tokens` less a run of one
-            t0 = time.perf_counter()
-            llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False)
-            t1 = time.perf_counter()
-            llm.generate([ids], params, use_tqdm=False)
-            t2 = time.perf_counter()
-            rates.append((tokens - 1) / ((t2 - t1) - (t1 - t0)))
-    finally:
-        llm.shutdown()
-    return rates[1:]
+
+    def run() -> float:
+        # the offline API has no stream: the decode time is a run of `tokens` less a run of one
+        t0 = time.perf_counter()
+        llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False)
+        t1 = time.perf_counter()
+        llm.generate([ids], params, use_tqdm=False)
+        t2 = time.perf_counter()
+        return (tokens - 1) / ((t2 - t1) - (t1 - t0))
+
+    return run, llm.shutdown
 
 
-def llama_cpp_rates(gguf: str, tokens: int, repeats: int, threads: int) -> list[float]:
+def llama_cpp_runner(gguf: str, tokens: int, threads: int):
     from llama_cpp import Llama
 
     llm = Llama(gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
     eos = llm.token_eos()
-    rates = []
-    for _ in range(repeats + 1):
+
+    def run() -> float:
         stamps = []
         for _ in llm.create_chat_completion(
             [{"role": "user", "content": PROMPT}],
@@ -67,8 +67,9 @@ def llama_cpp_rates(gguf: str, tokens: int, repeats: int, threads: int) -> list[
             logit_bias={eos: -1e9},  # as ignore_eos: every run decodes `tokens` tokens
         ):
             stamps.append(time.perf_counter())
-        rates.append(decode_rate(stamps[1:-1]))  # the first chunk is the role; the last the finish
-    return rates[1:]
+        return decode_rate(stamps[1:-1])  # the first chunk is the role; the last the finish
+
+    return run, llm.close
 
 
 def main() -> None:
@@ -81,16 +82,26 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
+    runners = {}
     for dtype in filter(None, args.dtypes.split(",")):
-        r = minisgl_rates(dtype, args.tokens, args.repeats)
-        rows.append(dict(engine="minisgl", dtype=dtype, tok_s=round(statistics.median(r), 1), runs=r))
-        print(json.dumps(rows[-1]))
+        runners[("minisgl", dtype)] = minisgl_runner(dtype, args.tokens)
     if args.gguf:
-        r = llama_cpp_rates(args.gguf, args.tokens, args.repeats, args.threads)
-        rows.append(
-            dict(engine="llama.cpp", gguf=os.path.basename(args.gguf), tok_s=round(statistics.median(r), 1), runs=r)
-        )
+        runners[("llama.cpp", os.path.basename(args.gguf))] = llama_cpp_runner(args.gguf, args.tokens, args.threads)
+    rates = {key: [] for key in runners}
+    try:
+        # rounds, each engine once per round: a shared machine's drift hits every engine alike
+        for r in range(args.repeats + 1):
+            for key, (run, _) in runners.items():
+                rate = run()
+                if r > 0:  # round 0 warms up
+                    rates[key].append(rate)
+    finally:
+        for _, close in runners.values():
+            close()
+    rows = []
+    for (engine, what), r in rates.items():
+        rows.append({"engine": engine, "dtype" if engine == "minisgl" else "gguf": what})
+        rows[-1].update(tok_s=round(statistics.median(r), 1), runs=r)
         print(json.dumps(rows[-1]))
     if args.json:
         with open(args.json, "w") as f:

@@ -5,6 +5,7 @@ scheduler's job."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import torch
@@ -19,9 +20,10 @@ from minisgl.engine.sample import SAMPLERS, SamplingInfo
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
 from minisgl.layers.linear import quantize_fp8
+from minisgl.models.cpu_decode import build_cpu_kernels
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.resolve import resolve_model
-from minisgl.models.weights import init_dummy_weights, load_weights
+from minisgl.models.weights import init_dummy_weights, load_weights, pack_on_huge_pages
 from minisgl.utils import nvtx_range
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class Engine:
             config.tp_rank, config.tp_size, self.device, config.dist_init_method, parts.communicator, check_peers
         )
         self.tp = get_tp_info()
+        if self.device.type == "cpu":  # the C++ kernels compile while the weights load
+            threading.Thread(target=build_cpu_kernels, name="build-cpu-kernels", daemon=True).start()
         self.model = self._load_model()
         attn = self.model.model.layers[0].self_attn
         self.local_heads, self.local_kv_heads = attn.num_heads, attn.num_kv_heads  # this rank's share
@@ -95,6 +99,8 @@ class Engine:
             load_weights(model, self.model_path)
         if self.config.quantization == "fp8":
             logger.info("FP8 weights: %d linear layers quantized", quantize_fp8(model))
+        if self.device.type == "cpu":
+            pack_on_huge_pages(model)
         return model.eval()
 
     def _num_pages(self) -> int:

@@ -8,39 +8,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import logging
-from pathlib import Path
 
 import torch
 
 from minisgl.env import ENV
-
-logger = logging.getLogger(__name__)
-CSRC = Path(__file__).parent / "csrc"
-
-
-@functools.cache
-def cpu_module(name: str, functions: tuple[str, ...], *flags: str):
-    """``csrc/<name>.cc`` compiled for this CPU through TVM FFI (once: tvm_ffi keeps the library on disk,
-    keyed by source and flags), or None where it cannot be built (no compiler, ``MINISGL_DISABLE_JIT=1``):
-    every caller then runs its torch version, so a missing compiler is never an error. ``-march=native``:
-    it runs on the machine that compiled it (AVX-512 and its BF16 dot products where the CPU has them)."""
-    if ENV.disable_jit:
-        return None
-    try:
-        import tvm_ffi.cpp
-
-        return tvm_ffi.cpp.load_inline(
-            f"minisgl_{name}",
-            cpp_sources=(CSRC / f"{name}.cc").read_text(),
-            functions=list(functions),
-            extra_cflags=["-std=c++17", "-O3", "-march=native", "-fPIC", "-fopenmp", *flags],
-            extra_ldflags=["-shared", "-fopenmp"],
-            extra_include_paths=[str(CSRC)],
-        )
-    except Exception as e:  # a missing compiler or headers must not stop the engine
-        logger.warning("the C++ kernel %s is unavailable (%s); using the torch version", name, e)
-        return None
 
 
 def _enabled(module: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kernels import cpu_module
+from minisgl.kernels.jit import cpu_module
 from minisgl.kernels.small_linear import MAX_ROWS as MAX_TOKENS
 
 DTYPES = (torch.float32, torch.bfloat16)

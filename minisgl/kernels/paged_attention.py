@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.kernels import cpu_module
+from minisgl.kernels.jit import cpu_module
 
 
 def _module():

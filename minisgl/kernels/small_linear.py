@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.kernels import cpu_module
+from minisgl.kernels.jit import cpu_module
 
 MAX_ROWS = 8
 DTYPES = (torch.float32, torch.bfloat16)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from minisgl.layers import AttentionLayer, LayerImpls, RMSNorm, RotaryEmbedding
+from minisgl.models import cpu_decode
 from minisgl.models.config import ModelConfig
 
 
@@ -78,7 +79,10 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        fused = cpu_decode.run_layers(self, positions, x)  # a CPU decode step: each layer one C++ call
+        if fused is not None:
+            x, residual = fused
+        for layer in self.layers if fused is None else ():
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
         return x

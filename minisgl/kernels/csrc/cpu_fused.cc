@@ -55,11 +55,9 @@ void fused_add_rmsnorm_t(const TensorView& x, const TensorView& res, const Tenso
   }
 }
 
+// x [n, 2h] = [gate | up] rows -> out [n, h]
 template <typename T>
-void silu_and_mul_t(const TensorView& x, const TensorView& out) {
-  const int64_t n = out.size(0), h = out.size(1);
-  const T* xp = ptr<T>(x);
-  T* op = ptr<T>(out);
+void silu_rows(const T* xp, T* op, int64_t n, int64_t h) {
   for (int64_t t = 0; t < n; ++t) {
     const T* gate = xp + t * 2 * h;
     const T* up = gate + h;
@@ -70,28 +68,29 @@ void silu_and_mul_t(const TensorView& x, const TensorView& out) {
   }
 }
 
+// rotates `heads` heads of d elements in place in each of n rows (row t starts at x + t * stride)
 template <typename T, typename P>
-void rope_t(const TensorView& pos, const TensorView& q, const TensorView& k, const TensorView& cos_sin,
-            int64_t d) {
-  const int64_t n = q.size(0), half = d / 2, width = cos_sin.size(1);
-  const P* pp = ptr<P>(pos);
-  const float* cs = ptr<float>(cos_sin);
-  for (const TensorView* x : {&q, &k}) {
-    T* xp = ptr<T>(*x);
-    const int64_t heads = x->size(1) / d;
-    for (int64_t t = 0; t < n; ++t) {
-      const float* c = cs + static_cast<int64_t>(pp[t]) * width;
-      for (int64_t h = 0; h < heads; ++h) {
-        T* v = xp + (t * heads + h) * d;
-        for (int64_t i = 0; i < half; ++i) {
-          const float cos = r<T>(c[i]), sin = r<T>(c[half + i]);
-          const float x1 = to_f(v[i]), x2 = to_f(v[half + i]);
-          v[i] = from_f<T>(r<T>(x1 * cos) - r<T>(x2 * sin));
-          v[half + i] = from_f<T>(r<T>(x2 * cos) + r<T>(x1 * sin));
-        }
+void rope_rows(T* x, int64_t stride, int64_t heads, int64_t d, int64_t n, const P* pos, const float* cs,
+               int64_t width) {
+  const int64_t half = d / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* c = cs + static_cast<int64_t>(pos[t]) * width;
+    for (int64_t h = 0; h < heads; ++h) {
+      T* v = x + t * stride + h * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const float cos = r<T>(c[i]), sin = r<T>(c[half + i]);
+        const float x1 = to_f(v[i]), x2 = to_f(v[half + i]);
+        v[i] = from_f<T>(r<T>(x1 * cos) - r<T>(x2 * sin));
+        v[half + i] = from_f<T>(r<T>(x2 * cos) + r<T>(x1 * sin));
       }
     }
   }
+}
+
+template <typename T, typename P>
+void rope_t(const TensorView& pos, const TensorView& q, const TensorView& k, const TensorView& cos_sin, int64_t d) {
+  for (const TensorView* x : {&q, &k})
+    rope_rows(ptr<T>(*x), x->size(1), x->size(1) / d, d, x->size(0), ptr<P>(pos), ptr<float>(cos_sin), d);
 }
 
 void check_rows(const TensorView& t, const char* name) {
@@ -137,9 +136,9 @@ void silu_and_mul(TensorView x, TensorView out) {
   check_same(x, out, "x and out");
   TVM_FFI_ICHECK(x.size(0) == out.size(0) && x.size(1) == 2 * out.size(1)) << "x must be [tokens, 2 * out features]";
   if (is_f32(x.dtype())) {
-    silu_and_mul_t<float>(x, out);
+    silu_rows(ptr<float>(x), ptr<float>(out), out.size(0), out.size(1));
   } else {
-    silu_and_mul_t<uint16_t>(x, out);
+    silu_rows(ptr<uint16_t>(x), ptr<uint16_t>(out), out.size(0), out.size(1));
   }
 }
 

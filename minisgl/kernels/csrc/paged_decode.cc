@@ -64,17 +64,12 @@ inline void axpy(float w, const T* row, float* acc, int64_t D) {
 #endif
 }
 
+// q: request b's heads start at q + b * q_stride (a row of a fused qkv projection, or of q alone);
+// out: [B, H, D] contiguous
 template <typename T>
-void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& slots,
-         const TensorView& lens, const TensorView& out, float scale, int threads) {
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), Lmax = slots.size(1);
+void attend(const T* qp, int64_t q_stride, const T* kp, const T* vp, const int64_t* sp, int64_t Lmax,
+            const int32_t* lp, T* op, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, int threads) {
   const int64_t G = H / Hkv;
-  const T* qp = ptr<T>(q);
-  const T* kp = ptr<T>(k);
-  const T* vp = ptr<T>(v);
-  const int64_t* sp = ptr<int64_t>(slots);
-  const int32_t* lp = ptr<int32_t>(lens);
-  T* op = ptr<T>(out);
   // one item per (request, query head): at batch 1 that is 9-32 items, enough for every core; the
   // heads of a KV group read the same K/V rows one after another, so the re-reads hit the cache
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
@@ -82,7 +77,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
     for (int64_t h = 0; h < H; ++h) {
       const int64_t L = lp[b], g = h / G;
       std::vector<float> qf(D), acc(D, 0.0f), s(L);
-      for (int64_t d = 0; d < D; ++d) qf[d] = to_f(qp[(b * H + h) * D + d]) * scale;
+      for (int64_t d = 0; d < D; ++d) qf[d] = to_f(qp[b * q_stride + h * D + d]) * scale;
       const int64_t* row_slots = sp + b * Lmax;
       float m = -INFINITY;
       for (int64_t j = 0; j < L; ++j) {
@@ -111,10 +106,15 @@ void paged_decode_attention(TensorView q, TensorView k, TensorView v, TensorView
   const DLDataType dt = q.dtype();
   TVM_FFI_ICHECK(dt == k.dtype() && dt == v.dtype() && dt == out.dtype()) << "q, k, v, out must share a dtype";
   const int n = static_cast<int>(std::max<int64_t>(1, threads));
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), Lmax = slots.size(1);
+  const int64_t* sp = ptr<int64_t>(slots);
+  const int32_t* lp = ptr<int32_t>(lens);
+  const float sc = static_cast<float>(scale);
   if (is_f32(dt)) {
-    run<float>(q, k, v, slots, lens, out, static_cast<float>(scale), n);
+    attend(ptr<float>(q), H * D, ptr<float>(k), ptr<float>(v), sp, Lmax, lp, ptr<float>(out), B, H, Hkv, D, sc, n);
   } else if (is_bf16(dt)) {
-    run<uint16_t>(q, k, v, slots, lens, out, static_cast<float>(scale), n);
+    using B16 = uint16_t;
+    attend(ptr<B16>(q), H * D, ptr<B16>(k), ptr<B16>(v), sp, Lmax, lp, ptr<B16>(out), B, H, Hkv, D, sc, n);
   } else {
     TVM_FFI_THROW(TypeError) << "paged_decode_attention supports float32 and bfloat16";
   }

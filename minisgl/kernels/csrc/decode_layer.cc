@@ -1,0 +1,139 @@
+// One decoder layer of a CPU decode step (one new token per request, a few requests) in one call: the
+// CPU's counterpart of a CUDA graph. The Python layer launches ~20 torch ops and 4 kernels per layer,
+// ~160 us of dispatch at batch 1 against ~300 us of weight streaming; here the same steps run back to
+// back in C++, through the same kernels the Python path calls one by one (included below, so it is
+// their code, not a copy), and round where it rounds:
+//
+//   first layer: residual = x                else: residual = dtype(x + residual)
+//   x = rmsnorm(residual, ln1)
+//   qkv = x w_qkv^T;  q, k per-head rmsnorm (Qwen3: q_norm/k_norm non-empty);  rope(q, k)
+//   k_pool[out_loc], v_pool[out_loc] = k, v;  a = attention(q, pool, slots, lens)
+//   residual = dtype(a w_o^T + residual);  x = rmsnorm(residual, ln2)
+//   x = silu_and_mul(x w_gate_up^T) w_down^T
+//
+// x, residual [n, hidden] are updated in place. The rest as in paged_decode.cc and cpu_fused.cc.
+#include "cpu_fused.cc"
+#include "paged_decode.cc"
+#include "small_linear.cc"
+
+namespace {
+
+template <typename T, typename P, typename L>
+void layer(const TensorView& x, const TensorView& res, bool first, const P* pos, const float* cs, int64_t d,
+           const TensorView& ln1, const TensorView& w_qkv, const T* q_norm, const T* k_norm,
+           const TensorView& k_pool, const TensorView& v_pool, const L* out_loc, const TensorView& slots,
+           const TensorView& lens, const TensorView& w_o, const TensorView& ln2, const TensorView& w_gate_up,
+           const TensorView& w_down, int64_t heads, int64_t kv_heads, float eps, float scale, int threads) {
+  const int64_t n = x.size(0), hid = x.size(1), width = (heads + 2 * kv_heads) * d, inter = w_down.size(1);
+  T* xp = ptr<T>(x);
+  T* rp = ptr<T>(res);
+  for (int64_t t = 0; t < n; ++t) {
+    T* xr = xp + t * hid;
+    T* rr = rp + t * hid;
+    for (int64_t i = 0; i < hid; ++i) rr[i] = first ? xr[i] : from_f<T>(to_f(xr[i]) + to_f(rr[i]));
+    norm_row(rr, ptr<T>(ln1), xr, hid, eps);
+  }
+  std::vector<T> qkv(n * width), attn(n * heads * d), o(n * hid), gate_up(n * 2 * inter), act(n * inter);
+  run(xp, ptr<T>(w_qkv), qkv.data(), n, hid, width, threads);
+  T* q = qkv.data();
+  T* k = q + heads * d;
+  const T* v = k + kv_heads * d;
+  if (q_norm != nullptr) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < heads; ++h) norm_row(q + t * width + h * d, q_norm, q + t * width + h * d, d, eps);
+      for (int64_t h = 0; h < kv_heads; ++h) norm_row(k + t * width + h * d, k_norm, k + t * width + h * d, d, eps);
+    }
+  }
+  rope_rows(q, width, heads, d, n, pos, cs, d);
+  rope_rows(k, width, kv_heads, d, n, pos, cs, d);
+  T* kp = ptr<T>(k_pool);
+  T* vp = ptr<T>(v_pool);
+  const int64_t row = kv_heads * d;
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(kp + static_cast<int64_t>(out_loc[t]) * row, k + t * width, row * sizeof(T));
+    std::memcpy(vp + static_cast<int64_t>(out_loc[t]) * row, v + t * width, row * sizeof(T));
+  }
+  attend(static_cast<const T*>(q), width, static_cast<const T*>(kp), static_cast<const T*>(vp), ptr<int64_t>(slots),
+         slots.size(1), ptr<int32_t>(lens), attn.data(), n, heads, kv_heads, d, scale, threads);
+  run(static_cast<const T*>(attn.data()), ptr<T>(w_o), o.data(), n, heads * d, hid, threads);
+  for (int64_t t = 0; t < n; ++t) {
+    T* rr = rp + t * hid;
+    for (int64_t i = 0; i < hid; ++i) rr[i] = from_f<T>(to_f(o[t * hid + i]) + to_f(rr[i]));
+    norm_row(rr, ptr<T>(ln2), xp + t * hid, hid, eps);
+  }
+  run(static_cast<const T*>(xp), ptr<T>(w_gate_up), gate_up.data(), n, hid, 2 * inter, threads);
+  silu_rows(static_cast<const T*>(gate_up.data()), act.data(), n, inter);
+  run(static_cast<const T*>(act.data()), ptr<T>(w_down), xp, n, inter, hid, threads);
+}
+
+bool is_int(const TensorView& t) { return t.dtype().code == kDLInt && (t.dtype().bits == 64 || t.dtype().bits == 32); }
+
+void check_matrix(const TensorView& w, int64_t rows, int64_t cols, const char* name) {
+  TVM_FFI_ICHECK(w.ndim() == 2 && dense(w) && w.size(0) == rows && w.size(1) == cols)
+      << name << " must be a contiguous [" << rows << ", " << cols << "] matrix";
+}
+
+}  // namespace
+
+void decode_layer(TensorView x, TensorView residual, bool first, TensorView positions, TensorView cos_sin,
+                  TensorView ln1, TensorView w_qkv, TensorView q_norm, TensorView k_norm, TensorView k_pool,
+                  TensorView v_pool, TensorView out_loc, TensorView slots, TensorView lens, TensorView w_o,
+                  TensorView ln2, TensorView w_gate_up, TensorView w_down, int64_t heads, int64_t kv_heads,
+                  double eps, double scale, int64_t threads) {
+  check_rows(x, "x");
+  const int64_t n = x.size(0), hid = x.size(1), d = cos_sin.size(1), inter = w_down.size(1);
+  TVM_FFI_ICHECK(dense(residual) && residual.ndim() == 2 && residual.size(0) == n && residual.size(1) == hid)
+      << "residual must be like x";
+  TVM_FFI_ICHECK(cos_sin.ndim() == 2 && dense(cos_sin) && is_f32(cos_sin.dtype())) << "cos_sin: float32 table";
+  TVM_FFI_ICHECK(heads % kv_heads == 0 && d % 2 == 0) << "bad heads / head_dim";
+  for (const TensorView* w : {&ln1, &w_qkv, &q_norm, &k_norm, &k_pool, &v_pool, &w_o, &ln2, &w_gate_up, &w_down, &residual})
+    check_same(x, *w, "x and every weight, the pool and residual");
+  check_matrix(w_qkv, (heads + 2 * kv_heads) * d, hid, "w_qkv");
+  check_matrix(w_o, hid, heads * d, "w_o");
+  check_matrix(w_gate_up, 2 * inter, hid, "w_gate_up");
+  check_matrix(w_down, hid, inter, "w_down");
+  for (const TensorView* w : {&ln1, &ln2})
+    TVM_FFI_ICHECK(w->ndim() == 1 && w->size(0) == hid && dense(*w)) << "norm weights must be [hidden]";
+  const bool qk = q_norm.numel() > 0;
+  if (qk)
+    for (const TensorView* w : {&q_norm, &k_norm})
+      TVM_FFI_ICHECK(w->ndim() == 1 && w->size(0) == d && dense(*w)) << "q/k norm weights must be [head_dim]";
+  for (const TensorView* p : {&k_pool, &v_pool})
+    TVM_FFI_ICHECK(p->ndim() == 3 && dense(*p) && p->size(1) == kv_heads && p->size(2) == d)
+        << "the pool must be [slots, kv_heads, head_dim]";
+  TVM_FFI_ICHECK(is_int(positions) && dense(positions) && positions.numel() == n) << "positions: [tokens] int";
+  TVM_FFI_ICHECK(is_int(out_loc) && dense(out_loc) && out_loc.numel() == n) << "out_loc: [tokens] int";
+  TVM_FFI_ICHECK(slots.dtype().code == kDLInt && slots.dtype().bits == 64 && slots.ndim() == 2 && dense(slots)
+                 && slots.size(0) == n) << "slots: [requests, max_len] int64, one request per token";
+  TVM_FFI_ICHECK(lens.dtype().code == kDLInt && lens.dtype().bits == 32 && dense(lens) && lens.numel() == n)
+      << "lens: [requests] int32";
+  const bool pos64 = positions.dtype().bits == 64, loc64 = out_loc.dtype().bits == 64;
+  for (int64_t t = 0; t < n; ++t) {  // an index past the table or the pool would touch other memory
+    const int64_t p = pos64 ? ptr<int64_t>(positions)[t] : ptr<int32_t>(positions)[t];
+    const int64_t s = loc64 ? ptr<int64_t>(out_loc)[t] : ptr<int32_t>(out_loc)[t];
+    TVM_FFI_ICHECK(p >= 0 && p < cos_sin.size(0)) << "position " << p << " outside the rotary table";
+    TVM_FFI_ICHECK(s >= 0 && s < k_pool.size(0)) << "slot " << s << " outside the pool";
+    TVM_FFI_ICHECK(ptr<int32_t>(lens)[t] >= 1 && ptr<int32_t>(lens)[t] <= slots.size(1)) << "bad lens";
+  }
+  const int nt = static_cast<int>(std::max<int64_t>(1, threads));
+  const float fe = static_cast<float>(eps), fs = static_cast<float>(scale);
+  const float* cs = ptr<float>(cos_sin);
+  auto go = [&](auto tag, auto pos, auto loc) {
+    using T = decltype(tag);
+    const T* qn = qk ? ptr<T>(q_norm) : nullptr;
+    const T* kn = qk ? ptr<T>(k_norm) : nullptr;
+    layer<T>(x, residual, first, pos, cs, d, ln1, w_qkv, qn, kn, k_pool, v_pool, loc, slots, lens, w_o, ln2,
+             w_gate_up, w_down, heads, kv_heads, fe, fs, nt);
+  };
+  auto with_type = [&](auto tag) {
+    if (pos64 && loc64) go(tag, ptr<int64_t>(positions), ptr<int64_t>(out_loc));
+    else if (pos64) go(tag, ptr<int64_t>(positions), ptr<int32_t>(out_loc));
+    else if (loc64) go(tag, ptr<int32_t>(positions), ptr<int64_t>(out_loc));
+    else go(tag, ptr<int32_t>(positions), ptr<int32_t>(out_loc));
+  };
+  if (is_f32(x.dtype())) {
+    with_type(float{});
+  } else {
+    with_type(uint16_t{});
+  }
+}

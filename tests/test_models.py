@@ -233,9 +233,10 @@ def test_cpu_decode_layer_keeps_the_python_layers_tokens(tiny_model, dtype, monk
     requests with it and with the Python layers (MINISGL_FUSED_KERNELS=0) give the same greedy tokens,
     Llama and Qwen3 (q/k norms), 1 to 8 requests at once and ragged prompts; and the C++ layer did run."""
     from minisgl import LLM, SamplingParams
+    from minisgl.kernels.jit import cpu_module
     from minisgl.models import cpu_decode
 
-    assert cpu_decode._module() is not None, "the C++ layer did not build (is a C++ compiler installed?)"
+    assert cpu_module() is not None, "the C++ layer did not build (is a C++ compiler installed?)"
     prompts = [[5, 6, 7, 8, 9], [100] * 30, list(range(3, 60)), [7, 7, 9], [11] * 9, [3, 1, 4, 1, 5], [2] * 70, [42]]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     calls = []

@@ -17,13 +17,8 @@ from minisgl.kernels.small_linear import MAX_ROWS as MAX_TOKENS
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _module():
-    # no contraction into fused multiply-adds: each product is rounded where torch rounds it
-    return cpu_module("cpu_fused", ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "rope"), "-ffp-contract=off")
-
-
 def available() -> bool:
-    return _module() is not None
+    return cpu_module() is not None
 
 
 def applies(x: torch.Tensor) -> bool:
@@ -34,18 +29,18 @@ def applies(x: torch.Tensor) -> bool:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
-    _module().rmsnorm(x, weight, out, eps)
+    cpu_module().rmsnorm(x, weight, out, eps)
     return out
 
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place: ``residual += x``, then ``x = rmsnorm(residual)``."""
-    _module().fused_add_rmsnorm(x, residual, weight, eps)
+    cpu_module().fused_add_rmsnorm(x, residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype)
-    _module().silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))
+    cpu_module().silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))
     return out
 
 
@@ -55,4 +50,4 @@ def apply_rope_with_cos_sin_cache_inplace(
     """``q``/``k`` ``[tokens, heads * head_dim]``, rotated in place ("rotate half": ``is_neox``)."""
     if not is_neox:
         raise NotImplementedError("only the rotate-half (neox) layout")
-    _module().rope(positions, q, k, cos_sin, head_dim)
+    cpu_module().rope(positions, q, k, cos_sin, head_dim)

@@ -10,39 +10,52 @@ from minisgl.env import ENV
 
 logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
-_BUILT: dict[tuple, object] = {}
-_BUILDING: dict[tuple, threading.Lock] = {}
+ROOT = "decode_layer.cc"  # includes every other CPU source: one library, one compile
+FUNCTIONS = (
+    "small_linear",
+    "rmsnorm",
+    "fused_add_rmsnorm",
+    "silu_and_mul",
+    "rope",
+    "paged_decode_attention",
+    "decode_layer",
+)
+_BUILT: list = []
+_LOCK = threading.Lock()
 
 
-def cpu_module(name: str, functions: tuple[str, ...], *flags: str):
-    """``csrc/<name>.cc`` compiled for this CPU through TVM FFI (once: tvm_ffi keeps the library on disk,
-    keyed by source and flags), or None where it cannot be built (no compiler, ``MINISGL_DISABLE_JIT=1``):
-    every caller then runs its torch version, so a missing compiler is never an error. ``-march=native``:
-    it runs on the machine that compiled it (AVX-512 and its BF16 dot products where the CPU has them).
-    Thread-safe: the engine builds its modules in the background at start-up (``build_cpu_kernels``), and
-    a caller that needs one meanwhile waits for that build instead of starting its own."""
-    key = (name, functions, flags)
-    if key not in _BUILT:
-        with _BUILDING.setdefault(key, threading.Lock()):
-            if key not in _BUILT:
-                _BUILT[key] = _build(name, functions, flags)
-    return _BUILT[key]
+def cpu_module():
+    """The CPU kernels of ``csrc/`` compiled for this machine through TVM FFI, all in one library (once
+    per machine: tvm_ffi keeps it on disk, keyed by source and flags; ~6 s of g++ the first time), or
+    None where they cannot be built (no compiler, ``MINISGL_DISABLE_JIT=1``): every caller then runs its
+    torch version, so a missing compiler is never an error. ``-march=native``: it runs on the machine
+    that compiled it (AVX-512 and its BF16 dot products where the CPU has them); no contraction into
+    fused multiply-adds, so each product is rounded where torch rounds it.
+
+    Thread-safe: an engine starts the build in a background thread while its weights load, and a
+    caller that needs the library meanwhile waits for that build instead of starting its own. (Not
+    waiting, running torch meanwhile, was slower: on 2 cores the compiler starves torch's threads.)"""
+    if not _BUILT:
+        with _LOCK:
+            if not _BUILT:
+                _BUILT.append(_build())
+    return _BUILT[0]
 
 
-def _build(name: str, functions: tuple[str, ...], flags: tuple[str, ...]):
+def _build():
     if ENV.disable_jit:
         return None
     try:
         import tvm_ffi.cpp
 
         return tvm_ffi.cpp.load_inline(
-            f"minisgl_{name}",
-            cpp_sources=(CSRC / f"{name}.cc").read_text(),
-            functions=list(functions),
-            extra_cflags=["-std=c++17", "-O3", "-march=native", "-fPIC", "-fopenmp", *flags],
+            "minisgl_cpu",
+            cpp_sources=(CSRC / ROOT).read_text(),
+            functions=list(FUNCTIONS),
+            extra_cflags=["-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-fopenmp"],
             extra_ldflags=["-shared", "-fopenmp"],
             extra_include_paths=[str(CSRC)],
         )
     except Exception as e:  # a missing compiler or headers must not stop the engine
-        logger.warning("the C++ kernel %s is unavailable (%s); using the torch version", name, e)
+        logger.warning("the C++ CPU kernels are unavailable (%s); using the torch versions", e)
         return None

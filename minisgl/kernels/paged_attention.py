@@ -14,20 +14,17 @@ import torch.nn.functional as F
 from minisgl.kernels.jit import cpu_module
 
 
-def _module():
-    # fast-math lets exp() and the sums vectorise (within float rounding of the torch version: the test)
-    return cpu_module("paged_decode", ("paged_decode_attention",), "-ffast-math")
-
-
 def available() -> bool:
-    return _module() is not None
+    return cpu_module() is not None
 
 
 def paged_decode_attention(q, k_pool, v_pool, slots, lens, scale: float) -> torch.Tensor:
     """``q`` ``[B, H, D]``; ``k_pool``/``v_pool`` ``[S, Hkv, D]``; ``slots`` ``[B, Lmax]`` int64;
     ``lens`` ``[B]`` int32. Returns ``[B, H, D]`` (see the C++ source for the contract)."""
     out = torch.empty_like(q)
-    _module().paged_decode_attention(q.contiguous(), k_pool, v_pool, slots, lens, out, scale, torch.get_num_threads())
+    cpu_module().paged_decode_attention(
+        q.contiguous(), k_pool, v_pool, slots, lens, out, scale, torch.get_num_threads()
+    )
     return out
 
 

@@ -19,12 +19,8 @@ MAX_ROWS = 8
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _module():
-    return cpu_module("small_linear", ("small_linear",))
-
-
 def available() -> bool:
-    return _module() is not None
+    return cpu_module() is not None
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -48,7 +44,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.dim() == 2 and x.is_contiguous()  # the decoder's case: no reshaping (~5 us a call)
     rows = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype)
-    _module().small_linear(rows, weight, out, torch.get_num_threads())
+    cpu_module().small_linear(rows, weight, out, torch.get_num_threads())
     if bias is not None:
         out += bias
     return out if flat else out.view(*x.shape[:-1], weight.shape[0])

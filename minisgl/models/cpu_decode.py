@@ -24,19 +24,11 @@ from minisgl.layers import ACTIVATIONS, MergedColumnParallelLinear, QKVParallelL
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _module():
-    # no contraction into fused multiply-adds: each product is rounded where torch rounds it
-    return cpu_module("decode_layer", ("decode_layer",), "-ffp-contract=off")
-
-
 def build_cpu_kernels() -> None:
-    """Compile every C++ module a CPU engine uses (a first run on a machine: seconds each; later runs
-    load them from tvm_ffi's disk cache). The engine calls it in a background thread while it loads the
-    weights, so the compiler's time overlaps the loading instead of landing in the first request."""
-    from minisgl.kernels import cpu_fused, paged_attention, small_linear
-
-    for module in (_module, small_linear._module, cpu_fused._module, paged_attention._module):
-        module()
+    """Compile the C++ CPU kernels (on a machine's first run ~6 s; later runs load them from tvm_ffi's
+    disk cache). The engine calls it in a background thread while it loads the weights, so the
+    compiler's time overlaps the loading instead of landing in the first request."""
+    cpu_module()
 
 
 def layer_args(layer) -> tuple | None:
@@ -97,13 +89,13 @@ def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
         args = [layer_args(layer) for layer in model.layers]
         args = args if all(a is not None for a in args) else []
         model._cpu_decode_args = args
-    if not args or x.dtype != args[0][1][1].dtype or _module() is None:
+    if not args or x.dtype != args[0][1][1].dtype or cpu_module() is None:
         return None
     x = x.contiguous()
     residual = torch.empty_like(x)
     cos_sin, pool, threads = model.rotary.cos_sin, backend.pool, torch.get_num_threads()
     for i, (layer_id, (ln1, w_qkv, qn, kn), rest, heads, kv_heads, eps, scale) in enumerate(args):
-        _module().decode_layer(
+        cpu_module().decode_layer(
             x, residual, i == 0, positions, cos_sin, ln1, w_qkv, qn, kn,
             pool.k_slots(layer_id), pool.v_slots(layer_id), batch.out_loc, md.kv_slots, md.seq_lens,
             *rest, heads, kv_heads, eps, scale, threads,

@@ -159,6 +159,10 @@ def test_small_linear_kernel_equals_the_exact_product(dtype):
             scale = x.double().abs() @ w.double().abs().T  # bounds a float32 sum's rounding error
             bound = scale * k * 2**-24 + (exact.abs() * 2**-8 if dtype == torch.bfloat16 else 0)
             assert ((got - exact).abs() <= bound).all(), (rows, k, n, ((got - exact).abs() / scale).max().item())
+    # batch-invariant: each row's result, bit for bit, is the one it gets alone
+    x, w = torch.randn(sl.MAX_ROWS, 200, generator=g).to(dtype), torch.randn(33, 200, generator=g).to(dtype)
+    alone = torch.cat([sl.linear(x[r : r + 1], w) for r in range(sl.MAX_ROWS)])
+    assert all(torch.equal(sl.linear(x[:rows], w), alone[:rows]) for rows in range(1, sl.MAX_ROWS + 1))
     x = torch.randn(2, 9, 3, 64, generator=g).to(dtype)[:, ::3, 1]  # [2, 3, 64], strided
     w, b = torch.randn(5, 64, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype)
     torch.testing.assert_close(sl.linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=3e-2, rtol=2e-2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from pathlib import Path
@@ -26,7 +27,7 @@ _LOCK = threading.Lock()
 
 def cpu_module():
     """The CPU kernels of ``csrc/`` compiled for this machine through TVM FFI, all in one library (once
-    per machine: tvm_ffi keeps it on disk, keyed by source and flags; ~6 s of g++ the first time), or
+    per machine and version of the sources: tvm_ffi keeps it on disk; ~6 s of g++ the first time), or
     None where they cannot be built (no compiler, ``MINISGL_DISABLE_JIT=1``): every caller then runs its
     torch version, so a missing compiler is never an error. ``-march=native``: it runs on the machine
     that compiled it (AVX-512 and its BF16 dot products where the CPU has them); no contraction into
@@ -48,8 +49,10 @@ def _build():
     try:
         import tvm_ffi.cpp
 
+        # tvm_ffi keys its cache by the root source; the name keys it by every file it includes as well
+        texts = b"".join(f.read_bytes() for f in sorted(CSRC.glob("*.[ch]*")) if f.suffix in (".cc", ".h"))
         return tvm_ffi.cpp.load_inline(
-            "minisgl_cpu",
+            f"minisgl_cpu_{hashlib.sha256(texts).hexdigest()[:12]}",
             cpp_sources=(CSRC / ROOT).read_text(),
             functions=list(FUNCTIONS),
             extra_cflags=["-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-fopenmp"],

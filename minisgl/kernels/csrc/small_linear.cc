@@ -64,8 +64,10 @@ void dots(const T* x, const T* w, int64_t K, float sums[kMaxTile]) {
 #if defined(__AVX512F__)
   if constexpr (Simd<T>::kOn) {
     using S = Simd<T>;
-    // U independent accumulators per row of x: a dot product is not one long dependency chain
-    constexpr int U = MT == 1 ? 4 : 2;
+    // U independent accumulators per row of x: a dot product is not one long dependency chain. The
+    // same U for every tile, so a row's result does not depend on how many rows came with it: a
+    // request's tokens do not change with the batch it decodes in.
+    constexpr int U = 2;
     __m512 acc[MT][U];
     for (int m = 0; m < MT; ++m)
       for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();

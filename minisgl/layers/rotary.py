@@ -79,7 +79,10 @@ class RotaryEmbedding(nn.Module):
         """``q``: ``[tokens, heads, head_dim]``, ``k``: ``[tokens, kv_heads, head_dim]``."""
         fi = fused_ops(q) if self.fusable else None
         if fi is not None:  # rotates q and k in place, reading the same float32 table
-            q, k = q.contiguous(), k.contiguous()
+            # on the CPU (a few decode tokens) on copies: the caller's q and k stay as they were, even
+            # when they are one tensor (a GPU step gets fresh ones from the qkv split: no copy there)
+            copy = torch.clone if q.is_cpu else torch.Tensor.contiguous
+            q, k = copy(q, memory_format=torch.contiguous_format), copy(k, memory_format=torch.contiguous_format)
             fi.apply_rope_with_cos_sin_cache_inplace(
                 positions, q.view(len(q), -1), k.view(len(k), -1), q.shape[-1], self.cos_sin, is_neox=True
             )

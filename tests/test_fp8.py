@@ -62,7 +62,7 @@ def _run(path, simulate_fp8: bool = False, **kw):
     if simulate_fp8:
         store = pool.store
         pool.store = lambda layer, loc, k, v: store(layer, loc, _fp8_round(k), _fp8_round(v))
-        llm.scheduler.engine.model.model._cpu_decode_takes = False  # the C++ decode layer stores past this hook
+        llm.scheduler.engine.model.model._cpu_decode_args = []  # the C++ decode layer stores past this hook
     rec = LogitRecorder(llm.scheduler.engine)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     first = llm.generate(PROMPTS, params, use_tqdm=False)  # chunked prefills (16-token chunks)

@@ -265,6 +265,26 @@ def test_cpu_decode_layer_keeps_the_python_layers_tokens(tiny_model, dtype, monk
     assert fused == plain
 
 
+def test_cpu_decode_layer_follows_a_weight_replaced_after_the_first_step(tiny_llama, monkeypatch):
+    """The C++ layer keeps the layers' Parameter objects from its first step on: a weight set with
+    ``p.data = ...`` afterwards is the one the next step uses (same tokens as the module path)."""
+    from minisgl import LLM, SamplingParams
+
+    llm = LLM(str(tiny_llama), dtype="float32")
+    try:
+        params = SamplingParams(max_tokens=8, ignore_eos=True)
+        before = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].token_ids
+        for layer in llm.scheduler.engine.model.model.layers:
+            w = layer.mlp.down_proj.weight
+            w.data = torch.flip(w.data, dims=[0]).contiguous()
+        fused = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].token_ids
+        monkeypatch.setattr(ENV, "fused_kernels", False)
+        plain = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].token_ids
+    finally:
+        llm.shutdown()
+    assert fused == plain != before
+
+
 def test_rotary_on_the_cpu_leaves_its_inputs_alone():
     """The C++ rope rotates in place, so the layer hands it copies: the caller's q and k are not
     changed, and one tensor passed as both q and k is rotated once, not twice (the autograder's

@@ -17,10 +17,10 @@ from minisgl.distributed import get_tp_info, init_distributed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
+from minisgl.kernels.jit import cpu_module
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
 from minisgl.layers.linear import quantize_fp8
-from minisgl.models.cpu_decode import build_cpu_kernels
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.resolve import resolve_model
 from minisgl.models.weights import init_dummy_weights, load_weights, pack_on_huge_pages
@@ -48,8 +48,8 @@ class Engine:
             config.tp_rank, config.tp_size, self.device, config.dist_init_method, parts.communicator, check_peers
         )
         self.tp = get_tp_info()
-        if self.device.type == "cpu":  # the C++ kernels compile while the weights load
-            threading.Thread(target=build_cpu_kernels, name="build-cpu-kernels", daemon=True).start()
+        if self.device.type == "cpu":  # the C++ kernels compile (once per machine) while the weights load
+            threading.Thread(target=cpu_module, name="build-cpu-kernels", daemon=True).start()
         self.model = self._load_model()
         attn = self.model.model.layers[0].self_attn
         self.local_heads, self.local_kv_heads = attn.num_heads, attn.num_kv_heads  # this rank's share

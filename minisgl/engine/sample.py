@@ -132,7 +132,7 @@ class Sampler(ABC):
 
 class DefaultSampler(Sampler):
     def sample(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
-        if info.all_greedy:  # (torch's CPU argmax over bf16 is 3x slower than a copy to float32 and its)
+        if info.all_greedy:  # on the CPU torch's bf16 argmax is slower than a float32 copy and its argmax
             return (logits.float() if logits.is_cpu else logits).argmax(dim=-1)
         tri = triton_ops(logits)
         if tri is not None and not (info.need_top_k or info.need_top_p):  # GPU: two kernels, same draw

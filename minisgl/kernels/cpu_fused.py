@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kernels.jit import cpu_module
+from minisgl.kernels.jit import available, cpu_module
+from minisgl.kernels.small_linear import DTYPES
 from minisgl.kernels.small_linear import MAX_ROWS as MAX_TOKENS
-
-DTYPES = (torch.float32, torch.bfloat16)
-
-
-def available() -> bool:
-    return cpu_module() is not None
 
 
 def applies(x: torch.Tensor) -> bool:

@@ -43,6 +43,10 @@ def cpu_module():
     return _BUILT[0]
 
 
+def available() -> bool:
+    return cpu_module() is not None
+
+
 def _build():
     if ENV.disable_jit:
         return None

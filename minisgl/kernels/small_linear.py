@@ -5,7 +5,7 @@ Why a kernel: a decode step at batch 1 multiplies every weight by one vector, so
 streaming the weights from memory. torch's CPU matmul is built for matrices: on the embedded model its
 matrix-vector products read the weights at 10-14 GB/s, where this machine streams 30+ GB/s. The kernel
 reads each weight row once, front to back, for all of the step's rows (float32 accumulation, rounded
-once, as torch does). From ``MAX_ROWS`` tokens on, oneDNN's blocked matmul (AMX in bf16) wins.
+once, as torch does). Past ``MAX_ROWS`` rows, oneDNN's blocked matmul takes over (it wins from ~16).
 """
 
 from __future__ import annotations
@@ -13,14 +13,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.kernels.jit import cpu_module
+from minisgl.kernels.jit import available, cpu_module
 
 MAX_ROWS = 8
-DTYPES = (torch.float32, torch.bfloat16)
-
-
-def available() -> bool:
-    return cpu_module() is not None
+DTYPES = (torch.float32, torch.bfloat16)  # what the CPU kernels take
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:

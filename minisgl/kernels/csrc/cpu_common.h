@@ -47,6 +47,13 @@ inline bool dense(const tvm::ffi::TensorView& t) {
   return true;
 }
 
+inline bool is_index(const tvm::ffi::TensorView& t) {  // positions, slots: int32 or int64
+  return t.dtype().code == kDLInt && (t.dtype().bits == 32 || t.dtype().bits == 64);
+}
+inline int64_t index_at(const tvm::ffi::TensorView& t, int64_t i) {
+  return t.dtype().bits == 64 ? ptr<int64_t>(t)[i] : ptr<int32_t>(t)[i];
+}
+
 inline bool is_f32(const DLDataType& t) { return t.code == kDLFloat && t.bits == 32; }
 inline bool is_bf16(const DLDataType& t) { return t.code == kDLBfloat && t.bits == 16; }
 

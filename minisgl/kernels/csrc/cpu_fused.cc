@@ -34,6 +34,13 @@ void norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
   for (int64_t i = 0; i < d; ++i) out[i] = from_f<T>(to_f(w[i]) * r<T>(to_f(x[i]) * inv));
 }
 
+// res = dtype(x + res), then out = rmsnorm(res): one row of a residual add + norm (out may be x)
+template <typename T>
+void add_norm_row(const T* x, T* res, const T* w, T* out, int64_t d, float eps) {
+  for (int64_t i = 0; i < d; ++i) res[i] = from_f<T>(to_f(x[i]) + to_f(res[i]));
+  norm_row(res, w, out, d, eps);
+}
+
 template <typename T>
 void rmsnorm_t(const TensorView& x, const TensorView& w, const TensorView& out, float eps) {
   const int64_t n = x.size(0), d = x.size(1);
@@ -47,12 +54,7 @@ void fused_add_rmsnorm_t(const TensorView& x, const TensorView& res, const Tenso
   const int64_t n = x.size(0), d = x.size(1);
   T *xp = ptr<T>(x), *rp = ptr<T>(res);
   const T* wp = ptr<T>(w);
-  for (int64_t t = 0; t < n; ++t) {
-    T* xr = xp + t * d;
-    T* rr = rp + t * d;
-    for (int64_t i = 0; i < d; ++i) rr[i] = from_f<T>(to_f(xr[i]) + to_f(rr[i]));
-    norm_row(rr, wp, xr, d, eps);
-  }
+  for (int64_t t = 0; t < n; ++t) add_norm_row(xp + t * d, rp + t * d, wp, xp + t * d, d, eps);
 }
 
 // x [n, 2h] = [gate | up] rows -> out [n, h]
@@ -151,15 +153,14 @@ void rope(TensorView pos, TensorView q, TensorView k, TensorView cos_sin, int64_
   TVM_FFI_ICHECK(head_dim % 2 == 0 && q.size(1) % head_dim == 0 && k.size(1) % head_dim == 0) << "bad head_dim";
   TVM_FFI_ICHECK(cos_sin.ndim() == 2 && dense(cos_sin) && is_f32(cos_sin.dtype()) && cos_sin.size(1) == head_dim)
       << "cos_sin must be float32 [max_position, head_dim]";
-  const DLDataType pt = pos.dtype();
-  TVM_FFI_ICHECK(pt.code == kDLInt && (pt.bits == 64 || pt.bits == 32)) << "positions must be int32 or int64";
+  TVM_FFI_ICHECK(is_index(pos)) << "positions must be int32 or int64";
   const int64_t max_pos = cos_sin.size(0);
   for (int64_t t = 0; t < pos.size(0); ++t) {  // an index past the table would read out of bounds
-    const int64_t p = pt.bits == 64 ? ptr<int64_t>(pos)[t] : ptr<int32_t>(pos)[t];
+    const int64_t p = index_at(pos, t);
     TVM_FFI_ICHECK(p >= 0 && p < max_pos) << "position " << p << " outside the rotary table (" << max_pos << ")";
   }
   const bool f32 = is_f32(q.dtype());
-  if (pt.bits == 64) {
+  if (pos.dtype().bits == 64) {
     f32 ? rope_t<float, int64_t>(pos, q, k, cos_sin, head_dim) : rope_t<uint16_t, int64_t>(pos, q, k, cos_sin, head_dim);
   } else {
     f32 ? rope_t<float, int32_t>(pos, q, k, cos_sin, head_dim) : rope_t<uint16_t, int32_t>(pos, q, k, cos_sin, head_dim);

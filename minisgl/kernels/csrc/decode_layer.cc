@@ -18,10 +18,10 @@
 
 namespace {
 
-template <typename T, typename P, typename L>
-void layer(const TensorView& x, const TensorView& res, bool first, const P* pos, const float* cs, int64_t d,
+template <typename T>
+void layer(const TensorView& x, const TensorView& res, bool first, const int64_t* pos, const float* cs, int64_t d,
            const TensorView& ln1, const TensorView& w_qkv, const T* q_norm, const T* k_norm,
-           const TensorView& k_pool, const TensorView& v_pool, const L* out_loc, const TensorView& slots,
+           const TensorView& k_pool, const TensorView& v_pool, const int64_t* out_loc, const TensorView& slots,
            const TensorView& lens, const TensorView& w_o, const TensorView& ln2, const TensorView& w_gate_up,
            const TensorView& w_down, int64_t heads, int64_t kv_heads, float eps, float scale, int threads) {
   const int64_t n = x.size(0), hid = x.size(1), width = (heads + 2 * kv_heads) * d, inter = w_down.size(1);
@@ -30,8 +30,12 @@ void layer(const TensorView& x, const TensorView& res, bool first, const P* pos,
   for (int64_t t = 0; t < n; ++t) {
     T* xr = xp + t * hid;
     T* rr = rp + t * hid;
-    for (int64_t i = 0; i < hid; ++i) rr[i] = first ? xr[i] : from_f<T>(to_f(xr[i]) + to_f(rr[i]));
-    norm_row(rr, ptr<T>(ln1), xr, hid, eps);
+    if (first) {
+      std::memcpy(rr, xr, hid * sizeof(T));
+      norm_row(rr, ptr<T>(ln1), xr, hid, eps);
+    } else {
+      add_norm_row(xr, rr, ptr<T>(ln1), xr, hid, eps);
+    }
   }
   std::vector<T> qkv(n * width), attn(n * heads * d), o(n * hid), gate_up(n * 2 * inter), act(n * inter);
   run(xp, ptr<T>(w_qkv), qkv.data(), n, hid, width, threads);
@@ -50,23 +54,17 @@ void layer(const TensorView& x, const TensorView& res, bool first, const P* pos,
   T* vp = ptr<T>(v_pool);
   const int64_t row = kv_heads * d;
   for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(kp + static_cast<int64_t>(out_loc[t]) * row, k + t * width, row * sizeof(T));
-    std::memcpy(vp + static_cast<int64_t>(out_loc[t]) * row, v + t * width, row * sizeof(T));
+    std::memcpy(kp + out_loc[t] * row, k + t * width, row * sizeof(T));
+    std::memcpy(vp + out_loc[t] * row, v + t * width, row * sizeof(T));
   }
   attend(static_cast<const T*>(q), width, static_cast<const T*>(kp), static_cast<const T*>(vp), ptr<int64_t>(slots),
          slots.size(1), ptr<int32_t>(lens), attn.data(), n, heads, kv_heads, d, scale, threads);
   run(static_cast<const T*>(attn.data()), ptr<T>(w_o), o.data(), n, heads * d, hid, threads);
-  for (int64_t t = 0; t < n; ++t) {
-    T* rr = rp + t * hid;
-    for (int64_t i = 0; i < hid; ++i) rr[i] = from_f<T>(to_f(o[t * hid + i]) + to_f(rr[i]));
-    norm_row(rr, ptr<T>(ln2), xp + t * hid, hid, eps);
-  }
+  for (int64_t t = 0; t < n; ++t) add_norm_row(o.data() + t * hid, rp + t * hid, ptr<T>(ln2), xp + t * hid, hid, eps);
   run(static_cast<const T*>(xp), ptr<T>(w_gate_up), gate_up.data(), n, hid, 2 * inter, threads);
   silu_rows(static_cast<const T*>(gate_up.data()), act.data(), n, inter);
   run(static_cast<const T*>(act.data()), ptr<T>(w_down), xp, n, inter, hid, threads);
 }
-
-bool is_int(const TensorView& t) { return t.dtype().code == kDLInt && (t.dtype().bits == 64 || t.dtype().bits == 32); }
 
 void check_matrix(const TensorView& w, int64_t rows, int64_t cols, const char* name) {
   TVM_FFI_ICHECK(w.ndim() == 2 && dense(w) && w.size(0) == rows && w.size(1) == cols)
@@ -101,39 +99,32 @@ void decode_layer(TensorView x, TensorView residual, bool first, TensorView posi
   for (const TensorView* p : {&k_pool, &v_pool})
     TVM_FFI_ICHECK(p->ndim() == 3 && dense(*p) && p->size(1) == kv_heads && p->size(2) == d)
         << "the pool must be [slots, kv_heads, head_dim]";
-  TVM_FFI_ICHECK(is_int(positions) && dense(positions) && positions.numel() == n) << "positions: [tokens] int";
-  TVM_FFI_ICHECK(is_int(out_loc) && dense(out_loc) && out_loc.numel() == n) << "out_loc: [tokens] int";
+  TVM_FFI_ICHECK(is_index(positions) && dense(positions) && positions.numel() == n) << "positions: [tokens] int";
+  TVM_FFI_ICHECK(is_index(out_loc) && dense(out_loc) && out_loc.numel() == n) << "out_loc: [tokens] int";
   TVM_FFI_ICHECK(slots.dtype().code == kDLInt && slots.dtype().bits == 64 && slots.ndim() == 2 && dense(slots)
                  && slots.size(0) == n) << "slots: [requests, max_len] int64, one request per token";
   TVM_FFI_ICHECK(lens.dtype().code == kDLInt && lens.dtype().bits == 32 && dense(lens) && lens.numel() == n)
       << "lens: [requests] int32";
-  const bool pos64 = positions.dtype().bits == 64, loc64 = out_loc.dtype().bits == 64;
-  for (int64_t t = 0; t < n; ++t) {  // an index past the table or the pool would touch other memory
-    const int64_t p = pos64 ? ptr<int64_t>(positions)[t] : ptr<int32_t>(positions)[t];
-    const int64_t s = loc64 ? ptr<int64_t>(out_loc)[t] : ptr<int32_t>(out_loc)[t];
-    TVM_FFI_ICHECK(p >= 0 && p < cos_sin.size(0)) << "position " << p << " outside the rotary table";
-    TVM_FFI_ICHECK(s >= 0 && s < k_pool.size(0)) << "slot " << s << " outside the pool";
+  std::vector<int64_t> pos(n), loc(n);  // read once, checked: an index past the table or the pool
+  for (int64_t t = 0; t < n; ++t) {      // would touch other memory
+    pos[t] = index_at(positions, t);
+    loc[t] = index_at(out_loc, t);
+    TVM_FFI_ICHECK(pos[t] >= 0 && pos[t] < cos_sin.size(0)) << "position " << pos[t] << " outside the rotary table";
+    TVM_FFI_ICHECK(loc[t] >= 0 && loc[t] < k_pool.size(0)) << "slot " << loc[t] << " outside the pool";
     TVM_FFI_ICHECK(ptr<int32_t>(lens)[t] >= 1 && ptr<int32_t>(lens)[t] <= slots.size(1)) << "bad lens";
   }
   const int nt = static_cast<int>(std::max<int64_t>(1, threads));
   const float fe = static_cast<float>(eps), fs = static_cast<float>(scale);
-  const float* cs = ptr<float>(cos_sin);
-  auto go = [&](auto tag, auto pos, auto loc) {
+  auto go = [&](auto tag) {
     using T = decltype(tag);
     const T* qn = qk ? ptr<T>(q_norm) : nullptr;
     const T* kn = qk ? ptr<T>(k_norm) : nullptr;
-    layer<T>(x, residual, first, pos, cs, d, ln1, w_qkv, qn, kn, k_pool, v_pool, loc, slots, lens, w_o, ln2,
-             w_gate_up, w_down, heads, kv_heads, fe, fs, nt);
-  };
-  auto with_type = [&](auto tag) {
-    if (pos64 && loc64) go(tag, ptr<int64_t>(positions), ptr<int64_t>(out_loc));
-    else if (pos64) go(tag, ptr<int64_t>(positions), ptr<int32_t>(out_loc));
-    else if (loc64) go(tag, ptr<int32_t>(positions), ptr<int64_t>(out_loc));
-    else go(tag, ptr<int32_t>(positions), ptr<int32_t>(out_loc));
+    layer<T>(x, residual, first, pos.data(), ptr<float>(cos_sin), d, ln1, w_qkv, qn, kn, k_pool, v_pool, loc.data(),
+             slots, lens, w_o, ln2, w_gate_up, w_down, heads, kv_heads, fe, fs, nt);
   };
   if (is_f32(x.dtype())) {
-    with_type(float{});
+    go(float{});
   } else {
-    with_type(uint16_t{});
+    go(uint16_t{});
   }
 }

@@ -62,6 +62,9 @@ def _run(path, simulate_fp8: bool = False, **kw):
     if simulate_fp8:
         store = pool.store
         pool.store = lambda layer, loc, k, v: store(layer, loc, _fp8_round(k), _fp8_round(v))
+        # the pool no longer holds exactly what a pass computes, as an FP8 pool does not: attention must
+        # read it back (a fresh prompt's prefill would otherwise attend over its unrounded K/V)
+        pool.quantized = True
         llm.scheduler.engine.model.model._cpu_decode_args = []  # the C++ decode layer stores past this hook
     rec = LogitRecorder(llm.scheduler.engine)
     params = SamplingParams(max_tokens=8, ignore_eos=True)

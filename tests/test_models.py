@@ -235,13 +235,15 @@ def test_cpu_fused_kernels_round_as_the_torch_layers_do(dtype):
 def test_cpu_decode_layer_keeps_the_python_layers_tokens(tiny_model, dtype, monkeypatch):
     """A CPU decode step runs each decoder layer as one C++ call (models/cpu_decode.py). The same
     requests with it and with the Python layers (MINISGL_FUSED_KERNELS=0) give the same greedy tokens,
-    Llama and Qwen3 (q/k norms), 1 to 8 requests at once and ragged prompts; and the C++ layer did run."""
+    Llama and Qwen3 (q/k norms), 1 to 20 requests at once (past 8 its linears work in tiles and its
+    element-wise steps in parallel) and ragged prompts; and the C++ layer did run."""
     from minisgl import LLM, SamplingParams
     from minisgl.kernels.jit import cpu_module
     from minisgl.models import cpu_decode
 
     assert cpu_module() is not None, "the C++ layer did not build (is a C++ compiler installed?)"
     prompts = [[5, 6, 7, 8, 9], [100] * 30, list(range(3, 60)), [7, 7, 9], [11] * 9, [3, 1, 4, 1, 5], [2] * 70, [42]]
+    prompts += [[i, i + 1, 2 * i] * (i % 5 + 1) for i in range(12, 24)]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     calls = []
     real = cpu_decode.run_layers
@@ -254,11 +256,11 @@ def test_cpu_decode_layer_keeps_the_python_layers_tokens(tiny_model, dtype, monk
     monkeypatch.setattr(cpu_decode, "run_layers", spy)
     llm = LLM(str(tiny_model), dtype=dtype)
     try:
-        fused = [[o.token_ids for o in llm.generate(prompts[:n], params, use_tqdm=False)] for n in (1, 3, 8)]
-        assert sum(calls) >= 27, calls  # every decode step of every run (9 per run)
+        fused = [[o.token_ids for o in llm.generate(prompts[:n], params, use_tqdm=False)] for n in (1, 3, 8, 20)]
+        assert sum(calls) >= 36, calls  # every decode step of every run (9 per run)
         monkeypatch.setattr(ENV, "fused_kernels", False)
         calls.clear()
-        plain = [[o.token_ids for o in llm.generate(prompts[:n], params, use_tqdm=False)] for n in (1, 3, 8)]
+        plain = [[o.token_ids for o in llm.generate(prompts[:n], params, use_tqdm=False)] for n in (1, 3, 8, 20)]
         assert not any(calls)
     finally:
         llm.shutdown()

@@ -1,15 +1,18 @@
-"""The reference backend: plain PyTorch, any device. Each request's K/V is gathered from the
-pool into a padded ``[batch, max_len, kv_heads, head_dim]`` tensor and attended with SDPA under
-a mask that is causal and hides the padding::
+"""The reference backend: plain PyTorch, any device. A prefill attends request by request with SDPA:
+a fresh prompt over its own new K/V (causal), a request after a cached prefix over its K/V gathered
+from the pool under a mask that is causal from its start::
 
     q rows (this pass)        k columns (whole sequence)
     req0: p=5,6,7      ->     0 1 2 3 4 5 6 7 | pad
     req1: p=3 (decode) ->     0 1 2 3 | pad ...
 
-Correct and simple, but it copies K/V every layer. Decode batches (one query per request) skip
-the copy: on a CPU a C++ kernel (``minisgl/kernels``) reads K/V rows in place; elsewhere the same
-math runs in torch (and reads an FP8 pool, which the kernel does not). The FlashInfer backends read
-pages in place for both.
+(The metadata keeps that mask padded to the batch's longest request, ``[B, 1, max_q, max_len]``, as
+one SDPA call over the padded batch would need it; lesson 04 reads it. On a CPU the padded call was
+2x slower than one call per request: its masked kernel does the padding's work too.)
+
+Decode batches (one query per request) skip the gather: on a CPU a C++ kernel
+(``minisgl/kernels``) reads K/V rows in place; elsewhere the same math runs in torch (and reads an
+FP8 pool, which the kernel does not). The FlashInfer backends read pages in place for both.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class TorchMetadata:
     mask: torch.Tensor | None  # [B, 1, max_q, max_len] True = attend (prefill only)
     q_index: torch.Tensor | None  # [num_tokens] -> row of the padded [B * max_q] queries (prefill only)
     max_q: int
+    spans: list[tuple[int, int, int]] | None = None  # per request (first row in q, new tokens, start): prefill
 
 
 class TorchBackend(AttentionBackend):
@@ -59,7 +63,9 @@ class TorchBackend(AttentionBackend):
             b = torch.repeat_interleave(torch.arange(len(batch.reqs)), q_lens)
             offs = torch.arange(len(b)) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens, q_lens)
             q_index = (b * max_q + offs).to(device, non_blocking=True)
-        batch.attn_metadata = TorchMetadata(kv_slots, seq_lens, mask, q_index, max_q)
+            rows = [0, *torch.cumsum(q_lens, 0).tolist()]
+            spans = [(rows[i], rows[i + 1] - rows[i], s) for i, s in enumerate(batch.starts)]
+        batch.attn_metadata = TorchMetadata(kv_slots, seq_lens, mask, q_index, max_q, spans if max_q > 1 else None)
 
     def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
         md: TorchMetadata = batch.attn_metadata
@@ -77,17 +83,25 @@ class TorchBackend(AttentionBackend):
                 self.scale,
             )
             return out.view(bsz, heads * dim)
-        kv = self.pool.buffer[layer_id].flatten(1, 2)[:, md.kv_slots].to(q.dtype)  # [2, B, L, kv_heads, D]: K and V
-        keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, kv_heads, L, D]
-        qp = q.new_zeros(bsz * md.max_q, heads, dim)
-        qp[md.q_index] = q
-        qp = qp.view(bsz, md.max_q, heads, dim)
-        out = F.scaled_dot_product_attention(
-            qp.transpose(1, 2),
-            keys,
-            values,
-            attn_mask=md.mask,
-            scale=self.scale,
-            enable_gqa=heads != keys.shape[1],
-        )
-        return out.transpose(1, 2).reshape(bsz * md.max_q, heads * dim)[md.q_index]
+        outs = []
+        for i, (row, n, start) in enumerate(md.spans):
+            qi = q[row : row + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, D]
+            if start == 0 and not self.pool.quantized:  # a fresh prompt: its keys are this pass's
+                ki, vi, mask = k[row : row + n], v[row : row + n], None
+            else:  # after a cached prefix (or an FP8 pool: read what the pool stores)
+                end = start + n
+                slots = md.kv_slots[i, :end]
+                ki = self.pool.k_slots(layer_id)[slots].to(q.dtype)
+                vi = self.pool.v_slots(layer_id)[slots].to(q.dtype)
+                mask = md.mask[i, :, :n, :end]
+            out = F.scaled_dot_product_attention(
+                qi,
+                ki.transpose(0, 1).unsqueeze(0),
+                vi.transpose(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scale,
+                enable_gqa=heads != ki.shape[1],
+            )
+            outs.append(out[0].transpose(0, 1).reshape(n, heads * dim))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -13,7 +13,11 @@ import torch
 
 from minisgl.kernels.jit import available, cpu_module
 from minisgl.kernels.small_linear import DTYPES
-from minisgl.kernels.small_linear import MAX_ROWS as MAX_TOKENS
+
+# These run on one core. Past a few tokens torch's threaded, vectorised ops win (with OpenMP over rows
+# and no limit they made the CPU batch benchmark 6% slower); the C++ decode layer (decode_layer.cc)
+# spreads the same steps over the cores itself from 8 rows on.
+MAX_TOKENS = 8
 
 
 def applies(x: torch.Tensor) -> bool:

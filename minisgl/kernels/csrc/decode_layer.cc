@@ -18,6 +18,8 @@
 
 namespace {
 
+constexpr int64_t kParallelRows = 8;
+
 template <typename T>
 void layer(const TensorView& x, const TensorView& res, bool first, const int64_t* pos, const float* cs, int64_t d,
            const TensorView& ln1, const TensorView& w_qkv, const T* q_norm, const T* k_norm,
@@ -27,6 +29,10 @@ void layer(const TensorView& x, const TensorView& res, bool first, const int64_t
   const int64_t n = x.size(0), hid = x.size(1), width = (heads + 2 * kv_heads) * d, inter = w_down.size(1);
   T* xp = ptr<T>(x);
   T* rp = ptr<T>(res);
+  // the element-wise steps go row by row over the cores from kParallelRows rows on (below it a
+  // parallel region costs more than the rows: ~20 us a layer at batch 1)
+  const int par = n >= kParallelRows ? threads : 1;
+#pragma omp parallel for num_threads(par)
   for (int64_t t = 0; t < n; ++t) {
     T* xr = xp + t * hid;
     T* rr = rp + t * hid;
@@ -37,19 +43,29 @@ void layer(const TensorView& x, const TensorView& res, bool first, const int64_t
       add_norm_row(xr, rr, ptr<T>(ln1), xr, hid, eps);
     }
   }
-  std::vector<T> qkv(n * width), attn(n * heads * d), o(n * hid), gate_up(n * 2 * inter), act(n * inter);
-  run(xp, ptr<T>(w_qkv), qkv.data(), n, hid, width, threads);
-  T* q = qkv.data();
+  // the step's intermediates, in one buffer kept from call to call: fresh vectors of this size
+  // (~0.5 MB at 44 rows) came from mmap, zeroed page by page at every layer
+  thread_local std::vector<T> scratch;
+  const int64_t need = n * (width + heads * d + hid + 3 * inter);
+  if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
+  T* const qkv = scratch.data();
+  T* const attn = qkv + n * width;
+  T* const o = attn + n * heads * d;
+  T* const gate_up = o + n * hid;
+  T* const act = gate_up + n * 2 * inter;
+  run(xp, ptr<T>(w_qkv), qkv, n, hid, width, threads);
+  T* q = qkv;
   T* k = q + heads * d;
   const T* v = k + kv_heads * d;
-  if (q_norm != nullptr) {
-    for (int64_t t = 0; t < n; ++t) {
+#pragma omp parallel for num_threads(par)
+  for (int64_t t = 0; t < n; ++t) {
+    if (q_norm != nullptr) {
       for (int64_t h = 0; h < heads; ++h) norm_row(q + t * width + h * d, q_norm, q + t * width + h * d, d, eps);
       for (int64_t h = 0; h < kv_heads; ++h) norm_row(k + t * width + h * d, k_norm, k + t * width + h * d, d, eps);
     }
+    rope_rows(q + t * width, width, heads, d, 1, pos + t, cs, d);
+    rope_rows(k + t * width, width, kv_heads, d, 1, pos + t, cs, d);
   }
-  rope_rows(q, width, heads, d, n, pos, cs, d);
-  rope_rows(k, width, kv_heads, d, n, pos, cs, d);
   T* kp = ptr<T>(k_pool);
   T* vp = ptr<T>(v_pool);
   const int64_t row = kv_heads * d;
@@ -58,12 +74,14 @@ void layer(const TensorView& x, const TensorView& res, bool first, const int64_t
     std::memcpy(vp + out_loc[t] * row, v + t * width, row * sizeof(T));
   }
   attend(static_cast<const T*>(q), width, static_cast<const T*>(kp), static_cast<const T*>(vp), ptr<int64_t>(slots),
-         slots.size(1), ptr<int32_t>(lens), attn.data(), n, heads, kv_heads, d, scale, threads);
-  run(static_cast<const T*>(attn.data()), ptr<T>(w_o), o.data(), n, heads * d, hid, threads);
-  for (int64_t t = 0; t < n; ++t) add_norm_row(o.data() + t * hid, rp + t * hid, ptr<T>(ln2), xp + t * hid, hid, eps);
-  run(static_cast<const T*>(xp), ptr<T>(w_gate_up), gate_up.data(), n, hid, 2 * inter, threads);
-  silu_rows(static_cast<const T*>(gate_up.data()), act.data(), n, inter);
-  run(static_cast<const T*>(act.data()), ptr<T>(w_down), xp, n, inter, hid, threads);
+         slots.size(1), ptr<int32_t>(lens), attn, n, heads, kv_heads, d, scale, threads);
+  run(static_cast<const T*>(attn), ptr<T>(w_o), o, n, heads * d, hid, threads);
+#pragma omp parallel for num_threads(par)
+  for (int64_t t = 0; t < n; ++t) add_norm_row(o + t * hid, rp + t * hid, ptr<T>(ln2), xp + t * hid, hid, eps);
+  run(static_cast<const T*>(xp), ptr<T>(w_gate_up), gate_up, n, hid, 2 * inter, threads);
+#pragma omp parallel for num_threads(par)
+  for (int64_t t = 0; t < n; ++t) silu_rows(static_cast<const T*>(gate_up) + t * 2 * inter, act + t * inter, 1, inter);
+  run(static_cast<const T*>(act), ptr<T>(w_down), xp, n, inter, hid, threads);
 }
 
 void check_matrix(const TensorView& w, int64_t rows, int64_t cols, const char* name) {

@@ -2,9 +2,12 @@
 first use through TVM FFI), with the call signatures of FlashInfer's fused kernels, so the layers take
 them through ``minisgl.kernels.fused_ops`` as they take FlashInfer's on a GPU.
 
-Only for a few tokens a step (``MAX_TOKENS``): there a decode step is ~1,000 tiny torch ops whose
-dispatch costs more than their arithmetic. Each function rounds where the torch version rounds (in
-bfloat16 the same values up to the order of a sum); torch's multi-threaded ops run longer batches.
+At a decode step's few tokens a layer is ~25 tiny torch ops whose dispatch costs more than their
+arithmetic; at a prefill's thousands each torch op is a pass over memory of its own (RMSNorm alone is
+six). Each function here is one pass, over all cores from 64 tokens on, and rounds where the torch
+version rounds (in bfloat16 the same values up to the order of a sum or exp's last bit). On 8,064 tokens
+of the embedded model, bf16: RMSNorm 2.8 ms against torch's 8-15, SwiGLU 5.3 against 9.5, rotary 1.7
+against 4-6 (float32: 2.6 / 4.4, 16.9 / 40.6, 0.5 / 12.5).
 """
 
 from __future__ import annotations
@@ -14,15 +17,10 @@ import torch
 from minisgl.kernels.jit import available, cpu_module
 from minisgl.kernels.small_linear import DTYPES
 
-# These run on one core. Past a few tokens torch's threaded, vectorised ops win (with OpenMP over rows
-# and no limit they made the CPU batch benchmark 6% slower); the C++ decode layer (decode_layer.cc)
-# spreads the same steps over the cores itself from 8 rows on.
-MAX_TOKENS = 8
-
 
 def applies(x: torch.Tensor) -> bool:
-    """Whether these kernels take ``x`` (``[tokens, ...]``): a few tokens, on the CPU, float32 or bf16."""
-    return x.is_cpu and x.dtype in DTYPES and x.dim() >= 2 and x.shape[0] <= MAX_TOKENS and available()
+    """Whether these kernels take ``x`` (``[tokens, ...]``): on the CPU, float32 or bf16."""
+    return x.is_cpu and x.dtype in DTYPES and x.dim() >= 2 and available()
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

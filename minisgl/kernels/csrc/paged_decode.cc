@@ -26,38 +26,6 @@ using namespace minisgl;
 using tvm::ffi::TensorView;
 
 #if defined(__AVX512F__)
-// 16 elements from i on (fewer at the end of a row: masked, the rest read as zeros) as float32
-inline __m512 load16(const float* p, int64_t n) {
-  return _mm512_maskz_loadu_ps(n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), p);
-}
-inline __m512 load16(const uint16_t* p, int64_t n) {  // bf16 -> float32: the bits shifted up
-  const __m256i b = _mm256_maskz_loadu_epi16(n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-}
-#endif
-
-#if defined(__AVX512F__)
-// exp(x) for 16 lanes, x <= 0 (scores minus their max): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p a
-// degree-7 Taylor polynomial (relative error < 2e-7, about an ulp); below -87 the result is 0, as expf's
-// would be denormal or 0
-inline __m512 exp16(__m512 x) {
-  const __m512 low = _mm512_set1_ps(-87.0f);
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, low);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts: r exact
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(~tiny, _mm512_scalef_ps(p, n));
-}
-
 template <typename T>
 inline void prefetch_row(const T* row, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + o, _MM_HINT_T0);

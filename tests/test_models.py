@@ -141,7 +141,7 @@ def test_cpu_kernel_agrees_with_torch():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_linear_kernel_equals_the_exact_product(dtype):
-    """The C++ decode-step linear (minisgl/kernels/small_linear.py): every row count up to MAX_ROWS
+    """The C++ decode-step linear (minisgl/kernels/small_linear.py): every row count up to max_rows
     (tiles of 4 and the rest), feature counts that leave a masked tail, odd output counts, a bias, a
     strided 3-D input. It accumulates in float32 and rounds once: within a float32 dot product's error
     of the float64 product, and in bf16 one rounding of it (at most half a bf16 ulp, plus that)."""
@@ -149,7 +149,8 @@ def test_small_linear_kernel_equals_the_exact_product(dtype):
 
     assert sl.available(), "the C++ kernel did not build (is a C++ compiler installed?)"
     g = torch.Generator().manual_seed(0)
-    for rows in range(1, sl.MAX_ROWS + 1):
+    rows_max = sl.max_rows(dtype)  # 64 where the tiles are vectorised (AVX-512), else 8
+    for rows in range(1, rows_max + 1):
         for k, n in ((576, 97), (1536, 64), (100, 7), (33, 5), (7, 3)):
             x = torch.randn(rows, k, generator=g).to(dtype)
             w = torch.randn(n, k, generator=g).to(dtype)
@@ -160,9 +161,9 @@ def test_small_linear_kernel_equals_the_exact_product(dtype):
             bound = scale * k * 2**-24 + (exact.abs() * 2**-8 if dtype == torch.bfloat16 else 0)
             assert ((got - exact).abs() <= bound).all(), (rows, k, n, ((got - exact).abs() / scale).max().item())
     # batch-invariant: each row's result, bit for bit, is the one it gets alone
-    x, w = torch.randn(sl.MAX_ROWS, 200, generator=g).to(dtype), torch.randn(33, 200, generator=g).to(dtype)
-    alone = torch.cat([sl.linear(x[r : r + 1], w) for r in range(sl.MAX_ROWS)])
-    assert all(torch.equal(sl.linear(x[:rows], w), alone[:rows]) for rows in range(1, sl.MAX_ROWS + 1))
+    x, w = torch.randn(rows_max, 200, generator=g).to(dtype), torch.randn(33, 200, generator=g).to(dtype)
+    alone = torch.cat([sl.linear(x[r : r + 1], w) for r in range(rows_max)])
+    assert all(torch.equal(sl.linear(x[:rows], w), alone[:rows]) for rows in range(1, rows_max + 1))
     x = torch.randn(2, 9, 3, 64, generator=g).to(dtype)[:, ::3, 1]  # [2, 3, 64], strided
     w, b = torch.randn(5, 64, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype)
     torch.testing.assert_close(sl.linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=3e-2, rtol=2e-2)
@@ -170,7 +171,7 @@ def test_small_linear_kernel_equals_the_exact_product(dtype):
     row = torch.randn(1, 3 * 64, generator=g).to(dtype)[:, 64:128]  # contiguous to torch, row stride 192
     torch.testing.assert_close(sl.linear(row, w), torch.nn.functional.linear(row, w), atol=3e-2, rtol=2e-2)
     # torch's matmul where the kernel is not faster, or cannot run
-    assert not sl.uses_kernel(torch.ones(sl.MAX_ROWS + 1, 64, dtype=dtype), w)
+    assert not sl.uses_kernel(torch.ones(rows_max + 1, 64, dtype=dtype), w)
     assert not sl.uses_kernel(torch.ones(1, 64, dtype=torch.float16), w.half())
     assert not sl.uses_kernel(torch.ones(1, 64, dtype=dtype), torch.ones(64, 5, dtype=dtype).T)
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 import torch
 
 from minisgl.kernels.jit import available, cpu_module
-from minisgl.kernels.small_linear import DTYPES
+from minisgl.kernels.small_linear import DTYPES, STREAM_ROWS, vectorised
 
 
 def applies(x: torch.Tensor) -> bool:
-    """Whether these kernels take ``x`` (``[tokens, ...]``): on the CPU, float32 or bf16."""
-    return x.is_cpu and x.dtype in DTYPES and x.dim() >= 2 and available()
+    """Whether these kernels take ``x`` (``[tokens, ...]``): on the CPU, float32 or bf16; past a few
+    tokens only where they are built with AVX-512 (elsewhere torch's vectorised ops are faster)."""
+    if not (x.is_cpu and x.dtype in DTYPES and x.dim() >= 2 and available()):
+        return False
+    return x.shape[0] <= STREAM_ROWS or vectorised(torch.float32)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

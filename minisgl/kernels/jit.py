@@ -14,6 +14,7 @@ CSRC = Path(__file__).parent / "csrc"
 ROOT = "decode_layer.cc"  # includes every other CPU source: one library, one compile
 FUNCTIONS = (
     "small_linear",
+    "simd_dtypes",
     "rmsnorm",
     "fused_add_rmsnorm",
     "silu_and_mul",

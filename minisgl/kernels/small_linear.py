@@ -13,13 +13,34 @@ row's result does not depend on how many rows came with it. Prefill-sized inputs
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from minisgl.kernels.jit import available, cpu_module
 
 MAX_ROWS = 64  # past it torch wins: 128 rows of the model's products took 77 ms in torch, 89 here (bf16)
+STREAM_ROWS = 8  # the one-row-at-a-time path: the limit where the tiles are not vectorised
 DTYPES = (torch.float32, torch.bfloat16)  # what the CPU kernels take
+
+
+@functools.cache
+def _simd() -> int:
+    mod = cpu_module()
+    return int(mod.simd_dtypes()) if mod is not None else 0
+
+
+def vectorised(dtype: torch.dtype) -> bool:
+    """Whether this machine's build of the kernels computes ``dtype`` products with AVX-512 (float32:
+    also the element-wise kernels of ``cpu_fused``)."""
+    return bool(_simd() & (1 if dtype == torch.float32 else 2))
+
+
+def max_rows(dtype: torch.dtype) -> int:
+    """Rows of x up to which :func:`linear` runs the kernel: ``MAX_ROWS`` where its tiles are vectorised
+    for ``dtype``, else ``STREAM_ROWS``."""
+    return MAX_ROWS if vectorised(dtype) else STREAM_ROWS
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -33,11 +54,13 @@ def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.numel() <= MAX_ROWS * x.shape[-1]
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and available()
+        and x.numel() <= max_rows(x.dtype) * x.shape[-1]
     )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; on the CPU at most ``MAX_ROWS`` rows of ``x`` go through the kernel."""
+    """``F.linear(x, weight, bias)``; on the CPU at most ``max_rows(dtype)`` rows of ``x`` go through the
+    kernel."""
     if not uses_kernel(x, weight):
         return F.linear(x, weight, bias)
     flat = x.dim() == 2 and x.is_contiguous()  # the decoder's case: no reshaping (~5 us a call)

@@ -3,10 +3,11 @@ CPU's counterpart of the CUDA graphs of ``engine/graph.py``. At batch 1 the Pyth
 time launching its ~25 ops than the CPU spends in them; the C++ layer runs the same kernels back to back.
 
 It takes a step only when the step is what the C++ layer computes: on the CPU, float32 or bfloat16,
-every request decoding one token (at most ``MAX_ROWS``), the torch attention backend over an unquantized
-pool, tensor parallelism off, and every part of every layer the engine's own (a norm, rotary,
-activation or linear layer swapped in through a seam runs itself, so the Python path runs). Otherwise
-``run_layers`` returns None and the model runs its layers one module at a time.
+every request decoding one token (at most ``small_linear.max_rows``: 64 with AVX-512, else 8), the
+torch attention backend over an unquantized pool, tensor parallelism off, and every part of every
+layer the engine's own (a norm, rotary, activation or linear layer swapped in through a seam runs
+itself, so the Python path runs). Otherwise ``run_layers`` returns None and the model runs its layers
+one module at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from minisgl.attention.torch_backend import TorchBackend, TorchMetadata
 from minisgl.distributed import get_tp_info
 from minisgl.env import ENV
 from minisgl.kernels.jit import cpu_module
-from minisgl.kernels.small_linear import DTYPES, MAX_ROWS
+from minisgl.kernels.small_linear import DTYPES, max_rows
 from minisgl.layers import ACTIVATIONS, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
 
@@ -55,7 +56,7 @@ def layer_args(layer) -> tuple:
 def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """All of ``model.layers`` (a ``DecoderModel``) on this step's hidden states ``x`` in C++, returning
     ``(x, residual)`` as the layer loop would; None when this step is not one the C++ layer takes."""
-    if not (ENV.fused_kernels and x.is_cpu and x.dtype in DTYPES and x.shape[0] <= MAX_ROWS):
+    if not (ENV.fused_kernels and x.is_cpu and x.dtype in DTYPES):
         return None
     ctx = get_ctx()
     backend, batch = ctx.attn_backend, ctx.batch
@@ -68,7 +69,7 @@ def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
     if args is None:  # decided once per model: which implementation each part is does not change
         taken = all(takes(layer) for layer in model.layers)
         args = model._cpu_decode_args = [layer_args(layer) for layer in model.layers] if taken else []
-    if not args or args[0][0][1].dtype != x.dtype or cpu_module() is None:
+    if not args or args[0][0][1].dtype != x.dtype or cpu_module() is None or x.shape[0] > max_rows(x.dtype):
         return None
     x = x.contiguous()
     residual = torch.empty_like(x)

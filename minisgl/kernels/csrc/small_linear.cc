@@ -224,6 +224,11 @@ void run(const T* x, const T* w, T* out, int64_t M, int64_t K, int64_t N, int th
 
 }  // namespace
 
+// What this build computes with AVX-512 (bit 0: float32 products and the element-wise kernels; bit 1:
+// bfloat16 products, AVX512-BF16). Elsewhere the same loops are portable C++, which loses to torch's
+// BLAS past a few rows: the Python side then keeps to the one-row-at-a-time path.
+int64_t simd_dtypes() { return (Simd<float>::kOn ? 1 : 0) | (Simd<uint16_t>::kOn ? 2 : 0); }
+
 void small_linear(TensorView x, TensorView w, TensorView out, int64_t threads) {
   TVM_FFI_ICHECK(x.ndim() == 2 && w.ndim() == 2 && out.ndim() == 2) << "x, w, out must be 2-D";
   TVM_FFI_ICHECK(dense(x) && dense(w) && dense(out)) << "x, w, out must be contiguous";

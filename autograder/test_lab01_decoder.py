@@ -4,6 +4,7 @@ engine with your functions swapped in. Run: ``python -m autograder lab01`` (or
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -16,7 +17,8 @@ from autograder.adapters import lab01 as lab
 from autograder.checks import Pitfall, check_tensor, describe, dtype_name, first_token_difference, matches
 from autograder.engine_runs import generate_rounds
 from autograder.points import engine, points
-from minisgl.layers.activation import silu_and_mul as ref_silu_and_mul
+from minisgl.env import ENV
+from minisgl.layers.activation import silu_and_mul as engine_silu_and_mul
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.layers.rotary import rope_inv_freq as ref_inv_freq
@@ -31,9 +33,22 @@ def rand(*shape, seed: int = 0, dtype=torch.float32, scale: float = 1.0) -> torc
 
 
 # ---- reference implementations (the engine's own layers) ---------------------------------------
+@contextlib.contextmanager
+def torch_math():
+    """The engine's layers as their torch ops: on a CPU they otherwise run C++ kernels
+    (``minisgl/kernels/cpu_fused.py``), whose sums may round a value differently in its last bit. The
+    contract is the torch arithmetic, bit for bit in half precision."""
+    before = ENV.fused_kernels
+    ENV.fused_kernels = False
+    try:
+        yield
+    finally:
+        ENV.fused_kernels = before
+
+
 def ref_rms_norm(x, weight, eps):
     norm = RMSNorm(x.shape[-1], eps).to(weight.dtype)
-    with torch.no_grad():
+    with torch.no_grad(), torch_math():
         norm.weight.copy_(weight)
         return norm(x)
 
@@ -47,7 +62,13 @@ def rotary_cos_sin(head_dim: int, positions: torch.Tensor, dtype, base: float = 
 
 def ref_rotary(x, positions, base: float = 10000.0, scaling=None):
     rot = RotaryEmbedding(x.shape[-1], int(positions.max()) + 1, base, scaling)
-    return rot(positions, x, x)[0]
+    with torch_math():
+        return rot(positions, x, x)[0]
+
+
+def ref_silu_and_mul(x):
+    with torch_math():
+        return engine_silu_and_mul(x)
 
 
 def ref_attention(q, k, v, scale):

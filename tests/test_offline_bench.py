@@ -70,8 +70,9 @@ def test_tp_with_the_hf_engine_is_refused(capsys):
 def test_profile_prefill_reports_a_batch_and_its_ops(tiny_llama, capsys):
     from minisgl.benchmark import profile
 
-    args = ["--model", str(tiny_llama), "--prefill", "--batch-size", "3", "--prompt-len", "20"]
+    # 120 tokens: past the 64 rows that the CPU's own linear kernel takes, so torch's matmul runs
+    args = ["--model", str(tiny_llama), "--prefill", "--batch-size", "3", "--prompt-len", "40"]
     profile.main(args + ["--profile-steps", "2"])
     out = capsys.readouterr().out
-    assert "prefill: 3 prompts of 20 tokens:" in out and "ms wall" in out
+    assert "prefill: 3 prompts of 40 tokens:" in out and "ms wall" in out
     assert "aten::mm" in out  # the profiled batches ran the model's matmuls

@@ -5,10 +5,12 @@ Why a kernel: a decode step at batch 1 multiplies every weight by one vector, so
 streaming the weights from memory. torch's CPU matmul is built for matrices: on the embedded model its
 matrix-vector products read the weights at 10-14 GB/s, where this machine streams 30+ GB/s. Up to 8
 rows the kernel reads each weight row once, front to back, for all of the step's rows; from 9 to
-``MAX_ROWS`` it multiplies tiles of 4 rows of x by 3 rows of the weight in registers, which beat
-oneDNN's bf16 and MKL's float32 matmul on the embedded model's shapes by 5-40% (and tie at 32 rows in
-bf16). Both paths sum every output in the same order (float32, rounded once, as torch does), so a
-row's result does not depend on how many rows came with it. Prefill-sized inputs go to torch.
+``MAX_ROWS`` it multiplies tiles of 4 rows of x by 3 rows of the weight in registers. Over all the
+embedded model's products that beats MKL's float32 matmul by 10-40% and oneDNN's bf16 one by 5-25%
+(tying at 32 rows; by shape, oneDNN is 13-16% faster on gate/up and the LM head from 44 rows). Both
+paths sum every output in the same order (float32, rounded once, as torch does), so a row's result does
+not depend on how many rows came with it: one kernel for all of 1-64 rows keeps that. Prefill-sized
+inputs go to torch.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ void layer(const TensorView& x, const TensorView& res, bool first, const int64_t
   const int64_t n = x.size(0), hid = x.size(1), width = (heads + 2 * kv_heads) * d, inter = w_down.size(1);
   T* xp = ptr<T>(x);
   T* rp = ptr<T>(res);
-  // the element-wise steps go row by row over the cores from kParallelRows rows on (below it a
-  // parallel region costs more than the rows: ~20 us a layer at batch 1)
+  // the element-wise steps go row by row over the cores from kParallelRows rows on (below it, waking
+  // the other threads four times a layer would cost more than the rows take)
   const int par = n >= kParallelRows ? threads : 1;
 #pragma omp parallel for num_threads(par)
   for (int64_t t = 0; t < n; ++t) {

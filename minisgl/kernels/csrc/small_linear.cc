@@ -177,6 +177,8 @@ void tile(const T* x, const T* w, T* out, int64_t K, int64_t N) {
     }
 }
 
+#undef UNROLL  // this file is included into decode_layer.cc: the macro stays here
+
 template <typename T, int NT>
 void tiles(const T* x, const T* w, T* out, int64_t M, int64_t K, int64_t N) {
   for (int64_t m0 = 0; m0 < M; m0 += kTileM) {  // the NT weight rows stay in L1 while x passes by
@@ -195,6 +197,7 @@ template <typename T>
 void run(const T* x, const T* w, T* out, int64_t M, int64_t K, int64_t N, int threads) {
   if (M > kSmallRows) {
     constexpr int64_t NT = kTileN;
+    static_assert(NT == 3, "the switch below lists the block widths 3, 2, 1");
     const int64_t blocks = (N + NT - 1) / NT;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; ++b) {

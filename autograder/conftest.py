@@ -13,6 +13,7 @@ from autograder.plugin import (  # noqa: F401  (pytest finds hooks by name in a 
     pytest_configure,
     pytest_runtest_makereport,
     pytest_runtest_protocol,
+    pytest_runtest_setup,
 )
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -56,12 +56,17 @@ def load(stem: str) -> ModuleType:
 
 
 def require(stem: str, attr: str):
-    """``load(stem).attr``, with a message naming the file when the student renamed or removed it."""
+    """``load(stem).attr``, with a message naming the file when the student renamed or removed it;
+    refused (``originality.EngineReference``) when it is the engine's own implementation."""
+    from autograder.originality import check_object
+
     module = load(stem)
     try:
-        return getattr(module, attr)
+        obj = getattr(module, attr)
     except AttributeError:
         raise AttributeError(
             f"{lab_file(stem).name} has no {attr!r}: keep the names and signatures of the lab file "
             "(the grader calls them)"
         ) from None
+    check_object(stem, attr, obj, lab_file(stem))  # never the engine's own implementation
+    return obj

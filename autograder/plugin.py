@@ -4,8 +4,11 @@ its own module:
 * ``points.py``: ``@points(n)`` / ``@engine`` and the per-test metadata (points, visibility); a
   lab's visible tests and its hidden ones (``autograder/hidden/``) must total 90 and 10, or a graded
   run (``--ag-results``) refuses to start.
+* ``pace.py``: how much slower than the course's reference machine this one runs; every time limit
+  is scaled by it.
 * ``runner.py``: with ``--ag-isolate`` (what ``python -m autograder`` uses; needs ``-s``) each test
-  runs in a forked child, so a hang, a crash or a flood of prints fails only that test.
+  runs in a forked child, so a hang, a crash or a flood of prints fails only that test; a test that
+  timed out while starved of CPU is retried once.
 * ``explain.py``: each failure gets a short explanation for the student (``ag_message``).
 * ``results.py``: ``--ag-results PATH`` writes one JSON record per test (lab, name, points,
   outcome, message, output, duration), which ``python -m autograder`` turns into scores.
@@ -45,7 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
+    from autograder import pace
+
     torch.set_num_threads(1)
+    pace.measure()  # every limit of this run scales with it (a retry measures again)
     if config.getoption("ag_isolate"):
         if config.getoption("capture") != "no":
             raise pytest.UsageError("--ag-isolate captures output itself: pass -s as well")
@@ -56,17 +62,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    from autograder import impl, originality
+
     check_points(items, whole_labs=bool(config.getoption("ag_results")))
+    for lab in sorted({lab_of(item)[0] for item in items if lab_of(item) is not None}):
+        originality.install(lab, impl.impl_folder())  # before any test imports the lab file
     if not config.getoption("ag_isolate") and config.pluginmanager.hasplugin("timeout"):
         for item in items:
             if lab_of(item) is not None:
                 item.add_marker(pytest.mark.timeout(item_timeout(item)))
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from autograder import originality
+
+    originality.FOUND.clear()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    from autograder import originality
+
     report = yield
-    if lab_of(item) is not None and report.failed and call.excinfo is not None:
+    if lab_of(item) is None:
+        return report
+    if originality.FOUND and call.when == "call":  # even if the student's code caught the exception
+        report.outcome, report.longrepr = "failed", originality.FOUND[0]
+        report.user_properties += [("ag_message", originality.FOUND[0]), ("ag_engine_reference", originality.FOUND[0])]
+    elif report.failed and call.excinfo is not None:
         from autograder import impl
 
         report.user_properties.append(("ag_message", explain(call.excinfo, impl.impl_folder())))

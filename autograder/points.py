@@ -68,9 +68,15 @@ def item_visibility(item: pytest.Item) -> str:
     return (mark.kwargs.get("visibility") if mark is not None else None) or "after_due_date"
 
 
-def item_timeout(item: pytest.Item) -> float:
+def item_timeout(item: pytest.Item, pace: float | None = None) -> float:
+    """The test's time limit on this machine: what it declares for the reference machine times the
+    machine's pace (``autograder/pace.py``), capped by ``--ag-timeout`` (an explicit cap in seconds,
+    not scaled)."""
+    from autograder import pace as machine
+
     override = item.config.getoption("ag_timeout")
     _, timeout = item_points(item)
+    timeout *= machine.current() if pace is None else pace
     return min(timeout, override) if override else timeout
 
 

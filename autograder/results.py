@@ -41,6 +41,8 @@ class Results:
         rec["duration"] += report.duration
         if props.get("ag_output"):
             rec["output"] = props["ag_output"]
+        if props.get("ag_engine_reference"):
+            rec["engine_reference"] = props["ag_engine_reference"]
         if report.failed and rec["outcome"] != "failed":
             rec["outcome"] = "failed"
             rec["message"] = props.get("ag_message") or trim(report.longreprtext or "failed")
@@ -59,7 +61,7 @@ class Results:
                 rec.update(outcome="failed", message="the test did not run to its end")
             rec.setdefault("duration", 0.0)
             out.append({**meta, **rec, "score": meta["points"] if rec["outcome"] == "passed" else 0.0})
-        return out
+        return _zero_labs_using_the_engine(out)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         path = self.config.getoption("ag_results")
@@ -77,3 +79,19 @@ class Results:
         for stem, tests in group_by_lab(self.tests()).items():
             terminalreporter.write_line("")
             terminalreporter.write_line(format_lab_table(stem, tests))
+
+
+def _zero_labs_using_the_engine(tests: list[dict]) -> list[dict]:
+    """Every test of a lab in which one test caught the engine's own implementation fails with 0
+    (``originality.py``): that answer would earn the other tests' points too."""
+    found = {}
+    for t in tests:
+        if t.get("engine_reference"):
+            found.setdefault(t["stem"], (t["name"], t["engine_reference"]))
+    for t in tests:
+        if t["stem"] in found and not t.get("engine_reference"):
+            name, text = found[t["stem"]]
+            t.update(
+                outcome="failed", score=0.0, message=f"graded 0 with the rest of the lab: {name} found that {text}"
+            )
+    return tests

@@ -17,10 +17,12 @@ import select
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
-from autograder.points import item_timeout
+from autograder import pace
+from autograder.points import item_points, item_timeout, lab_of, short_name
 
 OUTPUT_LIMIT = 1 << 20  # bytes a test may print before it is stopped
 OUTPUT_KEEP = 4000  # bytes of a test's output kept for the report
@@ -61,12 +63,86 @@ def _child(item: pytest.Item, result_fd: int, output_fd: int) -> None:
         os._exit(code)
 
 
+CPU_BOUND = 0.75  # share of its wall time a timed-out test had the CPU for: computing, not starved
+
+
+@dataclass
+class Attempt:
+    """One forked run of a test: its reports, or why it has none (``problem``), and what it used."""
+
+    reports: list[pytest.TestReport]
+    problem: str | None
+    timed_out: bool
+    seconds: float
+    cpu_seconds: float | None  # of the test's process and everything it started; None if unknown
+    output: str
+
+
 def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
+    """The test in a forked child under its time limit (``points.item_timeout``: scaled to this
+    machine's pace). A test that runs out of time without having had the CPU for most of it (it was
+    waiting: for a busy machine, a server, a subprocess) is retried once, after measuring the pace
+    again, with twice the larger limit; one that was computing all along is not (an infinite loop
+    fails at its limit)."""
     if item.get_closest_marker("engine") is not None:
         from transformers import AutoTokenizer  # noqa: F401
 
         import minisgl.llm  # noqa: F401  (imported here once: every forked test starts warm)
-    timeout = item_timeout(item)
+    first_pace = pace.current()
+    limit = item_timeout(item, first_pace)
+    attempt = _attempt(item, limit)
+    problem = attempt.problem
+    if attempt.timed_out:
+        problem = _timeout_message(item, limit, first_pace, attempt)
+        if attempt.cpu_seconds is None or attempt.cpu_seconds < CPU_BOUND * attempt.seconds:
+            first = attempt
+            second_pace = pace.measure()  # the load may have changed since the process started
+            retry_limit = 2 * max(limit, item_timeout(item, second_pace))
+            attempt = _attempt(item, retry_limit)
+            problem = attempt.problem
+            if attempt.timed_out:
+                problem = (
+                    f"{_timeout_message(item, retry_limit, second_pace, attempt, retried=True)}\n"
+                    f"(its first try stopped at {limit:.0f} s{_cpu_note(first)}; the grader measured the machine "
+                    "again and retried once with a longer limit)"
+                )
+    reports = attempt.reports
+    if problem is not None:
+        reports = [_failed_report(item, problem, attempt.seconds)]
+    for r in reports:
+        if attempt.output.strip():
+            r.sections.append(("Captured output", attempt.output))
+        r.user_properties.append(("ag_output", attempt.output))
+    return reports
+
+
+def _cpu_note(attempt: Attempt) -> str:
+    if attempt.cpu_seconds is None:
+        return ""
+    return f", having had the CPU for {attempt.cpu_seconds:.0f} s of it"
+
+
+def _timeout_message(item: pytest.Item, limit: float, at_pace: float, attempt: Attempt, retried: bool = False) -> str:
+    """What a student reads when a test ran out of time: only what was measured."""
+    declared = item_points(item)[1]
+    text = f"timed out: stopped at its time limit, {limit:.0f} s on this machine"
+    if item.config.getoption("ag_timeout") and limit <= 2 * item.config.getoption("ag_timeout"):
+        text += " (the --timeout cap)"
+    else:
+        text += f" ({declared:g} s on the course's reference machine; {pace.describe(at_pace)}"
+        text += ", doubled for a second try)" if retried else ")"
+    ref = pace.reference_times().get(f"{lab_of(item)[0]}: {short_name(item)}") if lab_of(item) else None
+    if ref is not None:
+        text += f"; the reference solution takes {ref:.1f} s for this test on the reference machine"
+    if attempt.cpu_seconds is None:
+        return text + ". An infinite loop, or a loop whose condition never changes?"
+    text += f". It had the CPU for {attempt.cpu_seconds:.0f} s of its {attempt.seconds:.0f} s"
+    if attempt.cpu_seconds >= CPU_BOUND * attempt.seconds:
+        return text + ": it was computing the whole time. An infinite loop, or a loop whose condition never changes?"
+    return text + ": it was mostly waiting (for another process it started, a lock, a sleep, or a busy machine)"
+
+
+def _attempt(item: pytest.Item, timeout: float) -> Attempt:
     limit = item.config.getoption("ag_output_limit")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -80,7 +156,7 @@ def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
         _child(item, result_w, output_w)
     os.close(result_w)
     os.close(output_w)
-    result, kept, printed, problem = bytearray(), bytearray(), 0, None
+    result, kept, printed, problem, timed_out, cpu = bytearray(), bytearray(), 0, None, False, None
     open_fds = {result_r, output_r}
     deadline = start + timeout
     status = None
@@ -92,10 +168,7 @@ def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
             if left <= 0 and status is not None:
                 break
             if left <= 0:
-                problem = (
-                    f"timed out after {timeout:g} s and was stopped: an infinite loop, or a loop whose "
-                    "condition never changes? (a correct solution takes well under a second here)"
-                )
+                timed_out, cpu = True, _tree_cpu_seconds(pid)
                 break
             if open_fds:
                 ready, _, _ = select.select(list(open_fds), [], [], min(left, 0.5))
@@ -135,8 +208,8 @@ def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
     output = kept.decode(errors="replace")
     if printed > len(kept):
         output += f"\n... ({printed - len(kept)} more bytes of output not shown)"
-    reports = []
-    if problem is None and result:
+    reports: list[pytest.TestReport] = []
+    if problem is None and not timed_out and result:
         try:
             reports = [
                 item.config.hook.pytest_report_from_serializable(config=item.config, data=d)
@@ -144,15 +217,28 @@ def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
             ]
         except (ValueError, KeyError) as e:
             problem = f"the test process sent back an unreadable result ({e})"
-    if problem is None and not reports:
+    if problem is None and not timed_out and not reports:
         problem = _describe_exit(status)
-    if problem is not None:
-        reports = [_failed_report(item, problem, duration)]
-    for r in reports:
-        if output.strip():
-            r.sections.append(("Captured output", output))
-        r.user_properties.append(("ag_output", output))
-    return reports
+    return Attempt(reports, problem, timed_out, duration, cpu, output)
+
+
+def _tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds used so far by process ``pid`` and every live process it started (psutil; None
+    where it cannot tell)."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        total = 0.0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+            except psutil.Error:
+                pass
+        return total
+    except Exception:
+        return None
 
 
 def _kill_group(pid: int, only_others: bool = False) -> None:

@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from autograder import pace
 from autograder.checks import Pitfall, check_tensor
 
 WORLD = 2
+# limits for the reference machine; each is multiplied by this machine's pace (autograder/pace.py)
 GLOO_TIMEOUT_S = 8.0  # a collective the other rank never joins fails after this
 START_S = 60.0  # a spawn's ranks must have imported torch, joined and started checking within this
-CHECK_S = 12.0  # one check's time limit, once its rank runs it (a correct one takes milliseconds)
+CHECK_S = 12.0  # one check's time limit, once its rank runs it
 BUDGET_S = 100.0  # all spawns together (the first test's limit is 150 s): checks left after it fail
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -253,12 +255,12 @@ CHECKS: dict[str, Callable[[int, int], None]] = {
 }
 
 
-def rank_main(rank: int, world: int, init: str, out: str, names: list[str]) -> None:
+def rank_main(rank: int, world: int, init: str, out: str, names: list[str], at_pace: float = 1.0) -> None:
     """A spawned rank: join the group, run ``names`` in order, one JSON line per check to ``out``."""
     torch.set_num_threads(1)
     import minisgl.distributed as dist
 
-    dist.COLLECTIVE_TIMEOUT = timedelta(seconds=GLOO_TIMEOUT_S)
+    dist.COLLECTIVE_TIMEOUT = timedelta(seconds=GLOO_TIMEOUT_S * at_pace)
     with open(out, "a") as f:
         dist.init_distributed(rank, world, torch.device("cpu"), init)
         for name in names:
@@ -300,10 +302,12 @@ def _spawn_once(names: list[str], world: int, folder: Path) -> dict[str, str | N
     from minisgl.process import free_port
 
     ctx = mp.get_context("spawn")
+    at_pace = pace.current()
+    gloo_s, start_s, check_s = (x * at_pace for x in (GLOO_TIMEOUT_S, START_S, CHECK_S))
     init = f"tcp://127.0.0.1:{free_port()}"
     files = [folder / f"rank{r}-{time.monotonic_ns()}.jsonl" for r in range(world)]
     procs = [
-        ctx.Process(target=rank_main, args=(r, world, init, str(f), names), daemon=True) for r, f in enumerate(files)
+        ctx.Process(target=rank_main, args=(r, world, init, str(f), names, at_pace), daemon=True) for r, f in enumerate(files)
     ]
     for p in procs:
         p.start()
@@ -314,11 +318,11 @@ def _spawn_once(names: list[str], world: int, folder: Path) -> dict[str, str | N
             running = [next((x for x in reversed(log) if "start" in x), None) for log in logs]
             if first_exit is None and not all(p.is_alive() for p in procs):
                 first_exit = time.monotonic()
-            if first_exit is not None and time.monotonic() - first_exit > GLOO_TIMEOUT_S + 2:
+            if first_exit is not None and time.monotonic() - first_exit > gloo_s + 2:
                 break  # a rank left; the others' collectives fail within gloo's timeout, or they hang
-            if all(r is None for r in running) and time.monotonic() - started > START_S:
+            if all(r is None for r in running) and time.monotonic() - started > start_s:
                 break
-            if any(r is not None and time.time() - r["t"] > CHECK_S for r in running):
+            if any(r is not None and time.time() - r["t"] > check_s for r in running):
                 break
             time.sleep(0.05)
     finally:
@@ -337,7 +341,7 @@ def _spawn_once(names: list[str], world: int, folder: Path) -> dict[str, str | N
         # the first check not finished on every rank: a rank hung, crashed or exited in it
         if not any(any(x.get("start") == name for x in log) for log in logs):
             verdicts[name] = (
-                f"the {world} ranks did not start within {START_S:g} s (does the lab file run code at import?)"
+                f"the {world} ranks did not start within {start_s:.0f} s (does the lab file run code at import?)"
             )
             break
         parts = []
@@ -345,7 +349,7 @@ def _spawn_once(names: list[str], world: int, folder: Path) -> dict[str, str | N
             if name in d:
                 continue
             if p.exitcode in (None, -9):
-                parts.append(f"rank {r} hung in this check and was stopped after {CHECK_S:g} s")
+                parts.append(f"rank {r} hung in this check and was stopped after {check_s:.0f} s")
             elif p.exitcode >= 0:
                 parts.append(
                     f"rank {r} exited (code {p.exitcode}) in this check: does your code call sys.exit / os._exit?"
@@ -377,10 +381,11 @@ def run_checks(names: list[str] | None = None, world: int = WORLD) -> dict[str, 
     left = list(names or CHECKS)
     verdicts: dict[str, str | None] = {}
     with tempfile.TemporaryDirectory(prefix="minisgl-lab10-") as tmp:
-        deadline = time.monotonic() + BUDGET_S
+        budget = pace.scaled(BUDGET_S)
+        deadline = time.monotonic() + budget
         while left:
             if time.monotonic() > deadline:
-                verdicts.update({n: f"not run: the checks before it hung for {BUDGET_S:g} s in all" for n in left})
+                verdicts.update({n: f"not run: the checks before it hung for {budget:.0f} s in all" for n in left})
                 break
             got = _spawn_once(left, world, Path(tmp))
             verdicts.update(got)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from grading import Run, grade, run
-from mutants import all_equivalents, all_hidden_mutants, all_mutants, randomized_partners
+from mutants import KINDS, all_equivalents, all_hidden_mutants, all_mutants, lab_modules, randomized_partners
 from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MISBEHAVING
 
 from autograder.__main__ import known_labs
@@ -43,8 +43,10 @@ def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
     # visible tests only: the isolation cases are about them (mutants/isolation.py lists them)
     misbehaving = str(MISBEHAVING.write(tmp / "misbehaving"))
     jobs["misbehaving"] = ["lab01", "--impl", misbehaving, "--timeout", "4", "--no-hidden", *quick]
+    partners = {module.STEM: module.RANDOMIZED for module in lab_modules()}
     for m in MUTANTS:  # unit tests, and only the engine tests that must fail (each costs seconds)
-        jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", m.selection()]
+        selection = m.selection(partners[m.stem])
+        jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", selection]
     for m in EQUIVALENTS:
         jobs[f"equivalent:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", "not engine"]
     for m in HIDDEN_MUTANTS:  # only the hidden tests it must fail: a few seconds each
@@ -91,6 +93,9 @@ def test_mutant_loses_points(runs, mutant):
             f"mutant {mutant.name} ({mutant.why}) passes {name}, which should catch it\n{run.explain()}"
         )
     first = tests[f"{mutant.lab}: {mutant.must_fail[0]}"]
+    assert first["visibility"] == "visible", (
+        f"mutant {mutant.name} ({mutant.why}) must lose visible points first: {mutant.must_fail[0]} is hidden"
+    )
     assert mutant.hint in first["output"], (
         f"mutant {mutant.name} ({mutant.why}) fails {mutant.must_fail[0]}, but its message does not name the "
         f"pitfall (expected {mutant.hint!r} in it):\n{first['output']}"
@@ -102,7 +107,27 @@ def test_mutant_loses_points(runs, mutant):
                 f"mutant {mutant.name} ({mutant.why}) fails {name} but collects the points of the randomized "
                 f"{partners[name]}: its random inputs never exercise this bug\n{run.explain()}"
             )
+    if mutant.kind == "engine_reference":  # the engine's own answer earns nothing, in any test
+        assert run.results["score"] == 0, (
+            f"mutant {mutant.name} ({mutant.why}) uses the engine's own implementation but scored "
+            f"{run.results['score']}: {[n for n, t in tests.items() if t['status'] == 'passed']}"
+        )
     assert run.returncode == 1
+
+
+def test_every_lab_has_a_mutant_of_each_kind():
+    """Every class of hole a careful student finds (mutants.KINDS) has a mutant in every lab where it
+    can occur; where it cannot, the lab's mutant module says why."""
+    problems = []
+    for module in lab_modules():
+        have = {m.kind for m in module.MUTANTS}
+        skipped = getattr(module, "NOT_APPLICABLE", {})
+        for kind in KINDS:
+            if kind in have and kind in skipped:
+                problems.append(f"{module.STEM}: has a {kind} mutant but says the kind cannot occur")
+            elif kind not in have and not (isinstance(skipped.get(kind), str) and len(skipped[kind]) > 20):
+                problems.append(f"{module.STEM}: no {kind} mutant ({KINDS[kind]}) and no reason why not")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("mutant", HIDDEN_MUTANTS, ids=[m.name for m in HIDDEN_MUTANTS])

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from autograder import pace
 from autograder.impl import REPO, impl_folder, require
 from minisgl.tokenizer.detokenizer import Detokenizer, IncrementalDecoder, StopStringCutter, StopStrings, TextStreams
 
@@ -69,7 +70,7 @@ class Server:
     def logs(self) -> str:
         return self.log.read_text()[-4000:]
 
-    def wait_ready(self, deadline: float) -> None:
+    def wait_ready(self, deadline: float, waited: str) -> None:
         import httpx
 
         while time.monotonic() < deadline:
@@ -81,7 +82,7 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"the server did not become ready in time:\n{self.logs()}")
+        raise AssertionError(f"the server did not become ready within {waited}:\n{self.logs()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -95,15 +96,18 @@ class Server:
 
 @contextmanager
 def servers(model: Path, timeout: float = 150.0) -> Iterator[tuple[Server, Server]]:
-    """The reference server and one running the lab's ``TEXT_STREAMS``, started together."""
+    """The reference server and one running the lab's ``TEXT_STREAMS``, started together; both must
+    be ready within ``timeout`` seconds on the reference machine, scaled to this one's pace."""
     with tempfile.TemporaryDirectory() as tmp:
         started: list[Server] = []
         try:
             started.append(Server(model, None, Path(tmp)))
             started.append(Server(model, SWAP_IN, Path(tmp)))
-            deadline = time.monotonic() + timeout
+            limit = pace.scaled(timeout)
+            deadline = time.monotonic() + limit
+            waited = f"{limit:.0f} s ({timeout:g} s on the course's reference machine; {pace.describe()})"
             for s in started:
-                s.wait_ready(deadline)
+                s.wait_ready(deadline, waited)
             yield started[0], started[1]
         finally:
             for s in started:

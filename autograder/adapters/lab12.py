@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from autograder.impl import load, require
+from autograder.originality import original
 from minisgl.benchmark import metrics, roofline
 from minisgl.benchmark.metrics import METRICS, RequestMetrics, RequestTrace
 from minisgl.benchmark.roofline import GPU, Roofline, StepBytes
@@ -52,7 +53,8 @@ def reference_helpers(*names: str) -> Iterator[None]:
     module = load(STEM)
     saved = {n: getattr(module, n, None) for n in names}
     for n in names:
-        setattr(module, n, getattr(metrics, n, None) or getattr(roofline, n))
+        # the reference itself, not its tripwire (originality.py): the grader put it there, not the student
+        setattr(module, n, original(getattr(metrics, n, None) or getattr(roofline, n)))
     try:
         yield
     finally:

@@ -16,6 +16,18 @@ from pathlib import Path
 
 SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 
+# The classes of holes a careful student finds in a grader (issue 30), each of which every lab must
+# show a mutant of (``kind``), unless its module says why the class cannot occur there
+# (``NOT_APPLICABLE = {kind: reason}``). "pitfall" is the default: a mistake the lab's docstring names.
+KINDS = {
+    "boundary": "a comparison the contract states, flipped at its boundary (> for >=): a case lands exactly on it",
+    "one_argument": "an input check that looks at one argument only: a case where only another argument is wrong",
+    "each_part": "an aggregate checked where each part must hold: a case whose aggregate passes, one part failing",
+    "order": "an order of operations the contract states, swapped",
+    "engine_reference": "the engine's own implementation, subclassed, aliased or delegated to: the lab scores 0",
+    "visible_on_cpu": "a bug that once lost only hidden points, now shown by a visible test on the CPU",
+}
+
 
 @dataclass(frozen=True)
 class Mutant:
@@ -25,16 +37,27 @@ class Mutant:
     must_fail: tuple[str, ...]  # short test names that must lose their points
     hint: str = ""  # a phrase the message of must_fail[0] must contain (the hint for this pitfall)
     why: str = ""
+    kind: str = "pitfall"  # or one of KINDS
+
+    def __post_init__(self):
+        if self.kind != "pitfall" and self.kind not in KINDS:
+            raise ValueError(f"mutant {self.name}: kind {self.kind!r} is not 'pitfall' or one of {sorted(KINDS)}")
 
     @property
     def lab(self) -> str:
         return self.stem.split("_")[0]
 
-    def selection(self) -> str:
+    def selection(self, partners: dict[str, str] | None = None) -> str:
         """The tests to grade it on (``-k``): the unit tests, and an engine test (slow) only where
-        it must fail."""
+        it must fail. A mutant of one of ``KINDS`` other than ``engine_reference`` (which must
+        score 0 on every test) is graded on its ``must_fail`` tests and their randomized partners
+        (``partners``: ``{fixed: random}`` short names) only: each run costs seconds."""
         engine = sorted({name.split("[")[0] for name in self.must_fail if name.startswith("engine_")})
-        return " or ".join(["not engine", *engine])
+        if self.kind in ("pitfall", "engine_reference"):
+            return " or ".join(["not engine", *engine])
+        names = {name.split("[")[0] for name in self.must_fail}
+        names |= {partners[n] for n in names if partners and n in partners}
+        return " or ".join(sorted(names))
 
     def source(self) -> str:
         text = (SOLUTIONS / f"{self.stem}.py").read_text()
@@ -58,7 +81,8 @@ class Mutant:
 def lab_modules() -> list:
     """The mutant modules of every lab (``mutants/labNN_*.py``), in lab order. Each defines ``STEM``,
     ``MUTANTS``, ``RANDOMIZED`` ({fixed test: the randomized test that must fail with it}), and may
-    define ``EQUIVALENT`` (a correct solution written another way) and ``HIDDEN_MUTANTS``."""
+    define ``EQUIVALENT`` (a correct solution written another way), ``HIDDEN_MUTANTS`` and
+    ``NOT_APPLICABLE`` ({kind of KINDS: why no mutant of it can exist for this lab})."""
     import importlib
     import pkgutil
 

@@ -394,7 +394,8 @@ def test_engine_server_with_your_text_streams(tiny_llama):
     check_stops(["</s>"], ["a</", "s>"])
     with lab.servers(tiny_llama) as (ref, yours):
         clients = [
-            openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=pace.scaled(120)) for s in (ref, yours)
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=pace.scaled(120))
+            for s in (ref, yours)
         ]
         model = str(tiny_llama)
         asks = [dict(prompt=p, max_tokens=24, temperature=0) for p in ("Once upon a time", "Héllo 🎉 wörld")]

@@ -307,7 +307,8 @@ def _spawn_once(names: list[str], world: int, folder: Path) -> dict[str, str | N
     init = f"tcp://127.0.0.1:{free_port()}"
     files = [folder / f"rank{r}-{time.monotonic_ns()}.jsonl" for r in range(world)]
     procs = [
-        ctx.Process(target=rank_main, args=(r, world, init, str(f), names, at_pace), daemon=True) for r, f in enumerate(files)
+        ctx.Process(target=rank_main, args=(r, world, init, str(f), names, at_pace), daemon=True)
+        for r, f in enumerate(files)
     ]
     for p in procs:
         p.start()

@@ -19,10 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from autograder import impl, report
+from autograder import impl, pace, report
 from autograder.points import HIDDEN_DIR
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +32,11 @@ _TEST = re.compile(r"^test_(lab(\d\d)_[a-z0-9_]+)\.py$")
 
 class GraderError(Exception):
     """The grader itself cannot run (exit code 2)."""
+
+
+def note(line: str) -> None:
+    """A line for the person waiting (stderr: stdout is the report)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def known_labs() -> dict[str, str]:
@@ -76,12 +82,22 @@ def lab_test_files(stem: str, hidden: bool) -> list[Path]:
     return files
 
 
+PROGRESS_EVERY = 20.0  # seconds between two progress lines of a lab still being graded
+
+
 def grade_lab(
-    stem: str, folder: Path, timeout: float | None, verbose: bool, select: str | None = None, hidden: bool = True
+    stem: str,
+    folder: Path,
+    timeout: float | None,
+    verbose: bool,
+    select: str | None = None,
+    hidden: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Run one lab's tests in a pytest subprocess; return its results file as a dict."""
+    """Run one lab's tests in a pytest subprocess; return its results file as a dict. While it runs,
+    ``progress`` gets a line now and then ("lab01: 7 of 19 tests graded, 41 s")."""
     with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
-        results = Path(tmp) / "results.json"
+        results, ticks = Path(tmp) / "results.json", Path(tmp) / "progress"
         cmd = [
             sys.executable,
             "-m",
@@ -97,6 +113,8 @@ def grade_lab(
             str(folder),
             "--ag-results",
             str(results),
+            "--ag-progress",
+            str(ticks),
         ]
         if hasattr(os, "fork"):  # elsewhere (Windows) tests run in-process under pytest-timeout
             cmd += ["--ag-isolate"]
@@ -105,14 +123,24 @@ def grade_lab(
         if select:
             cmd += ["-k", select]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", impl.ENV: str(folder)}
-        proc = subprocess.run(
-            cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace"
-        )
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(
+                cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True
+            )
+            start = last = time.monotonic()
+            while proc.poll() is None:
+                time.sleep(0.2)
+                if progress is not None and time.monotonic() - last >= PROGRESS_EVERY:
+                    last = time.monotonic()
+                    progress(f"{stem.split('_')[0]}: {_progress(ticks)}, {last - start:.0f} s so far")
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
         if verbose:
-            print(proc.stdout[-20000:], proc.stderr[-5000:], sep="\n")
+            print(stdout[-20000:], stderr[-5000:], sep="\n")
         # pytest's exit codes 2..4: interrupted, internal error, usage error (bad @points totals...)
         if not results.exists() or proc.returncode in (2, 3, 4):
-            tail = "\n".join((proc.stdout + proc.stderr).strip().split("\n")[-25:])
+            tail = "\n".join((stdout + stderr).strip().split("\n")[-25:])
             raise GraderError(f"pytest could not run the tests of {stem} (exit code {proc.returncode}):\n{tail}")
         data = json.loads(results.read_text())
         if data["errors"]:
@@ -120,6 +148,34 @@ def grade_lab(
         if not data["tests"] and not select:
             raise GraderError(f"no tests were collected for {stem}")
         return data
+
+
+def _progress(ticks: Path) -> str:
+    """``"7 of 19 tests graded"`` from the plugin's progress file (a line per event)."""
+    try:
+        lines = ticks.read_text().split("\n")
+    except OSError:
+        return "starting"
+    total = next((int(x.split()[1]) for x in lines if x.startswith("collected ")), None)
+    done = sum(x.startswith("done ") for x in lines)
+    return "collecting its tests" if total is None else f"{done} of {total} tests graded"
+
+
+def estimate(stems: list[str], jobs: int, at_pace: float) -> str:
+    """How long grading ``stems`` takes here at most (every test run to its end, as for a finished
+    lab): the reference solution's recorded times (``timings.json``), at this machine's pace."""
+    times = pace.reference_times()
+    per_lab = [
+        STARTUP_S + sum(v for k, v in times.items() if k.startswith(stem.split("_")[0] + ": ")) for stem in stems
+    ]
+    if not times:
+        return ""
+    seconds = sum(per_lab) * at_pace / max(1, min(jobs, len(stems)))
+    shown = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return f"at most about {shown} here (a lab whose functions still raise NotImplementedError takes seconds)"
+
+
+STARTUP_S = 6.0  # a lab's grading process: Python, torch, the test files, the pace (reference machine)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,23 +199,37 @@ def main(argv: list[str] | None = None) -> int:
         if not folder.is_dir():
             raise GraderError(f"{args.impl!r} is not a folder (looked for {folder})")
         stems = pick_labs(args.labs, folder)
+        at_pace = pace.measure()
+        how_long = estimate(stems, args.jobs, at_pace) if not args.select else ""
+        note(
+            f"grading {len(stems)} lab{'s' * (len(stems) != 1)} from {folder}"
+            + (f": {how_long}" if how_long else "")
+            + (f"; {pace.describe(at_pace)}" if at_pace >= 1.2 else "")
+        )
+        runs: dict[str, dict] = {}
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            runs = list(
-                pool.map(lambda s: grade_lab(s, folder, args.timeout, args.verbose, args.select, args.hidden), stems)
-            )
+            futures = {
+                pool.submit(grade_lab, s, folder, args.timeout, args.verbose, args.select, args.hidden, note): s
+                for s in stems
+            }
+            for done in as_completed(futures):
+                stem = futures[done]
+                runs[stem] = done.result()  # a GraderError stops the run
+                if runs[stem]["tests"]:  # each lab's line as soon as it is graded
+                    print(report.summary_line(runs[stem]["tests"]), flush=True)
     except GraderError as e:
         print(f"autograder: {e}", file=sys.stderr)
         return 2
-    tests = [t for run in runs for t in run["tests"]]
+    tests = [t for stem in stems for t in runs[stem]["tests"]]
     if not tests:
         print(f"autograder: no test matches -k {args.select!r}", file=sys.stderr)
         return 2
     shown = os.path.relpath(folder) if not os.path.relpath(folder).startswith("..") else str(folder)
     by_lab = report.group_by_lab(tests)
-    summary = [report.summary_line(ts) for ts in by_lab.values()]
     tables = [report.format_lab_table(stem, ts, shown) for stem, ts in by_lab.items()]
     score, total = report.lab_score(tests)
-    print("\n".join(summary), *tables, f"total: {score:g} / {total:g}", sep="\n\n")
+    print()
+    print(*tables, f"total: {score:g} / {total:g}", sep="\n\n")
     if all(t["message"].startswith("not implemented yet") for t in tests):
         print("(every lab starts red: fill in the NotImplementedError parts of the lab file, then grade again)")
     if args.json:

@@ -4,7 +4,7 @@ The student edition is the tracked files (``git ls-files``, as they are in the w
 what only instructors may see, with the docs scrubbed and the labs freshly generated:
 
 * left out: ``solutions/``, ``tests/mutants/``, ``autograder/hidden/`` (the hidden tests), the
-  instructor tools (this file, ``autograder/gradescope/``), and every test file that declares
+  instructor tools (this file, ``autograder/gradescope/``, ``autograder/timings.py``), and every test file that declares
   ``pytestmark = pytest.mark.instructor`` (it needs solutions or mutants);
 * ``labs/`` is written by the generator (stubs and their ``.generated.json``), never copied, so an
   instructor's filled-in lab files cannot leak;
@@ -30,7 +30,14 @@ from pathlib import Path
 from autograder import generate
 
 REPO = Path(__file__).resolve().parent.parent
-LEFT_OUT = ("solutions/", "tests/mutants/", "autograder/hidden/", "autograder/release.py", "autograder/gradescope/")
+LEFT_OUT = (
+    "solutions/",
+    "tests/mutants/",
+    "autograder/hidden/",
+    "autograder/release.py",
+    "autograder/timings.py",
+    "autograder/gradescope/",
+)
 INSTRUCTOR_MARK = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.instructor\b", re.M)
 OPEN, CLOSE = "<!-- instructor-only -->", "<!-- /instructor-only -->"  # each alone on its line
 FORBIDDEN = "--impl solutions"
@@ -95,7 +102,17 @@ def scrub_notebook(text: str, where: str = "") -> str:
 def scrub(rel: str, text: str) -> str:
     if rel.endswith(".ipynb"):
         return scrub_notebook(text, rel)
+    if rel == "autograder/timings.json":
+        return scrub_timings(text)
     return scrub_markdown(text, rel) if rel.endswith(".md") else text
+
+
+def scrub_timings(text: str, repo: Path = REPO) -> str:
+    """The reference solution's recorded times (``pace.reference_times``) minus the hidden tests'."""
+    hidden = {name.removeprefix("test_") for name in hidden_test_names(repo)}
+    data = json.loads(text)
+    data["tests"] = {k: v for k, v in data["tests"].items() if k.split(": ", 1)[1].split("[")[0] not in hidden}
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
 def _read(path: Path) -> str | None:

@@ -21,6 +21,7 @@ class Results:
         self.collected: list[dict] = []  # metadata of every collected lab test, in order
         self.records: dict[str, dict] = {}  # nodeid -> outcome, message, output, duration
         self.errors: list[str] = []  # collection errors: the grader itself is broken
+        self.engine: dict[str, bool] = {}  # nodeid -> whether it runs the engine (@engine)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for item in session.items:
@@ -29,6 +30,22 @@ class Results:
                 meta = dict(lab=lab[0], stem=lab[1], name=short_name(item), doc=item_doc(item))
                 meta.update(points=item_points(item)[0], visibility=item_visibility(item))
                 self.collected.append(dict(nodeid=item.nodeid, **meta))
+                self.engine[item.nodeid] = item.get_closest_marker("engine") is not None
+        self._tick(f"collected {len(self.collected)}")
+
+    def _tick(self, line: str) -> None:
+        """A line for ``python -m autograder``'s progress report (``--ag-progress``)."""
+        path = self.config.getoption("ag_progress")
+        if path:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+
+    def lab_unimplemented(self, stem: str) -> bool:
+        """Whether every unit test of ``stem`` graded so far (at least one) raised NotImplementedError."""
+        units = [
+            self.records.get(m["nodeid"]) for m in self.collected if m["stem"] == stem and not self.engine[m["nodeid"]]
+        ]
+        return bool(units) and all(r is not None and r["message"].startswith("not implemented yet") for r in units)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -50,6 +67,9 @@ class Results:
             rec["outcome"] = "skipped"
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             rec["message"] = f"skipped: {reason}"
+
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        self._tick(f"done {nodeid}")
 
     def tests(self) -> list[dict]:
         """One record per collected test, in collection order; a test that did not run fails."""

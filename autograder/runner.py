@@ -108,7 +108,7 @@ def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
                 )
     reports = attempt.reports
     if problem is not None:
-        reports = [_failed_report(item, problem, attempt.seconds)]
+        reports = [failed_report(item, problem, attempt.seconds)]
     for r in reports:
         if attempt.output.strip():
             r.sections.append(("Captured output", attempt.output))
@@ -266,7 +266,7 @@ def _describe_exit(status: int | None) -> str:
     )
 
 
-def _failed_report(item: pytest.Item, message: str, duration: float) -> pytest.TestReport:
+def failed_report(item: pytest.Item, message: str, duration: float) -> pytest.TestReport:
     return pytest.TestReport(
         nodeid=item.nodeid,
         location=item.location,

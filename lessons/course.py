@@ -7,6 +7,8 @@ which runs your function and the engine's on the same inputs and prints one line
     ✗ rms_norm: different from minisgl.layers.norm.rms_norm: result[0, 3]: expected 0.0512, got 0.0498 ...
     ○ rms_norm: exercise open (...). The lesson continues with minisgl.layers.norm.rms_norm.
 
+An exercise that *is* the reference, or calls it, is open too: it is the engine's answer, not yours.
+
 ``check`` returns what the rest of the lesson uses: your function once it agrees, the engine's until
 then. So a notebook runs top to bottom with every exercise open (that is how CI runs it).
 
@@ -52,20 +54,75 @@ def check(
     against = against or _name(reference)
     call = run or (lambda fn, *args: fn(*args))
     expected = call(reference, *_fresh(inputs))  # a failure here is the lesson's bug: let it raise
+    # the reference's parts the exercise must not call: a tuple of functions may share some with the
+    # reference (the engine's, handed on by an earlier check whose exercise is still open)
+    own = [r for r, s in zip(reference, student) if r is not s] if _tuples(student, reference) else [reference]
+    if student is reference or not own:  # e.g. the name was rebound to the engine's by an earlier check
+        return _verdict(name, "open", f"○ {name}: exercise open (this is {against} itself).", against, reference)
     try:
-        got = call(student, *_fresh(inputs))
+        got, borrowed = _watching(_codes(own), lambda: call(student, *_fresh(inputs)))
     except NotImplementedError as e:
         return _verdict(name, "open", f"○ {name}: exercise open ({e or 'NotImplementedError'}).", against, reference)
     except Exception as e:  # the student's bug: show where (their frames, not ours), then carry on
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__][-3:]
         where = textwrap.indent("".join(traceback.format_list(frames)).rstrip(), "  ")
         return _verdict(name, "fail", f"✗ {name}: raised {type(e).__name__}: {e}\n{where}\n", against, reference)
+    if borrowed:
+        message = f"○ {name}: exercise open (it calls {against}, the function it is checked against: write your own)."
+        return _verdict(name, "open", message, against, reference)
     problem = compare(expected, got, atol=atol, rtol=rtol)
     if problem is not None:
         return _verdict(name, "fail", f"✗ {name}: different from {against}: {problem}.", against, reference)
     RESULTS[name] = "pass"
     print(f"✓ {name}: same results as {against}{_describe(inputs)}. The lesson continues with yours.")
     return student
+
+
+def _tuples(student: Any, reference: Any) -> bool:
+    return isinstance(student, tuple) and isinstance(reference, tuple) and len(student) == len(reference)
+
+
+def _codes(reference: Any) -> set:
+    """The code objects of ``reference``: a function, a method, a partial, a class (its methods) or
+    a tuple of those."""
+    import functools
+
+    found, todo = set(), [reference]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, tuple | list):
+            todo += list(obj)
+        elif isinstance(obj, functools.partial):
+            todo.append(obj.func)
+        elif isinstance(obj, type):
+            todo += [v for v in vars(obj).values() if callable(v) or isinstance(v, staticmethod | classmethod)]
+        elif isinstance(obj, staticmethod | classmethod):
+            todo.append(obj.__func__)
+        elif hasattr(obj, "__func__"):  # a bound method
+            todo.append(obj.__func__)
+        elif hasattr(obj, "__code__"):
+            found.add(obj.__code__)
+    return found
+
+
+def _watching(codes: set, fn: Callable[[], Any]) -> tuple[Any, bool]:
+    """``fn()``, and whether any of ``codes`` ran while it did (the student's function calling the
+    reference: an exercise that wraps the engine's answer is not done)."""
+    import sys
+
+    seen = False
+
+    def profile(frame, event, arg):
+        nonlocal seen
+        if event == "call" and frame.f_code in codes:
+            seen = True
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        return fn(), seen
+    finally:
+        sys.setprofile(previous)
 
 
 def _verdict(name: str, status: str, message: str, against: str, reference: Any) -> Any:

@@ -95,3 +95,54 @@ def test_explorer_draws_a_figure_headless():
     assert ex.widget is None and ex.picture.axes[0].get_title() == "0 items"
     assert ex.press("add").axes[0].get_title() == "1 items" and items == ["hello"]
     plt.close("all")
+
+
+def test_the_reference_itself_or_a_wrapper_of_it_is_an_open_exercise(capsys):
+    """An exercise whose name was rebound to the engine's function (lesson 04 once checked the engine
+    against itself that way), or that calls it, is not done: it must never report agreement."""
+
+    def wrapper(x):
+        return engine_double(x)
+
+    def partly(x):
+        return engine_double(x) if x.numel() > 2 else x + x
+
+    assert course.check(engine_double, engine_double, torch.ones(3), name="itself") is engine_double
+    assert course.check(wrapper, engine_double, torch.ones(3)) is engine_double
+    assert course.check(partly, engine_double, torch.ones(3)) is engine_double
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("○ itself: exercise open (this is") and "itself" in out[0]
+    assert out[1].startswith("○ wrapper: exercise open (it calls") and "write your own" in out[1]
+    assert out[2].startswith("○ partly: exercise open (it calls")
+    assert [course.RESULTS[n] for n in ("itself", "wrapper", "partly")] == ["open"] * 3
+
+
+def test_a_set_of_functions_may_share_the_engines_parts(capsys):
+    """A scenario over (Tree, match, insert) where an earlier exercise is still open hands on the
+    engine's part: the exercise is judged on the parts that are the student's."""
+
+    def play(ops, n):
+        push, total = ops
+        items = []
+        for i in range(n):
+            push(items, i)
+        return total(items)
+
+    def engine_push(xs, i):
+        xs.append(i)
+
+    def my_total(xs):
+        return sum(xs)
+
+    def engine_total(xs):
+        return sum(xs)
+
+    engine = (engine_push, engine_total)
+    assert course.check((engine_push, my_total), engine, 4, run=play, name="shared") == (engine_push, my_total)
+    assert course.check(engine, engine, 4, run=play, name="all shared") is engine
+    borrowing = (engine_push, lambda xs: engine_total(xs))
+    assert course.check(borrowing, engine, 4, run=play, name="borrowing") is engine
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("✓ shared: same results as")
+    assert out[1].startswith("○ all shared: exercise open (this is")
+    assert out[2].startswith("○ borrowing: exercise open (it calls")

@@ -37,6 +37,19 @@ def _cell_error(nb) -> str | None:
     return None
 
 
+def _exercises_agreeing(nb) -> list[str]:
+    """The exercise checks (``course.check``) in the outputs that report agreement with the engine.
+    With the exercise cells as committed (open), none may: one that does is checking the engine's
+    own function (against itself, or through a wrapper), and would tell a student "done"."""
+    found = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") if out.get("output_type") == "stream" else ""
+            found += [line for line in text.splitlines() if line.startswith("✓ ")]
+            found += [line for line in text.splitlines() if re.match(r"[1-9]\d* of \d+ exercises agree", line)]
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 120)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -62,6 +75,8 @@ def test_notebook_runs(path: Path):
     except CellExecutionError as e:  # its message holds the failing cell's source and traceback
         pytest.fail(f"{path.name}: a cell failed\n{_ANSI.sub('', str(e))}", pytrace=False)
     print(f"{path.name}: {time.monotonic() - start:.1f} s")
+    agreeing = _exercises_agreeing(nb)
+    assert not agreeing, f"{path.name}: with its exercises open, these checks report agreement: {agreeing}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -75,6 +90,8 @@ def test_committed_outputs_are_one_clean_run(path: Path):
     )
     err = _cell_error(nb)
     assert err is None, f"{path.name}: the committed outputs show an error in {err}"
+    agreeing = _exercises_agreeing(nb)
+    assert not agreeing, f"{path.name}: the committed run (exercises open) shows checks agreeing: {agreeing}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

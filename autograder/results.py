@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autograder.explain import trim
-from autograder.points import item_doc, item_points, item_visibility, lab_of, short_name
+from autograder.points import item_doc, item_points, item_timeout, item_visibility, lab_of, short_name
 
 
 class Results:
@@ -29,6 +29,8 @@ class Results:
             if lab is not None:
                 meta = dict(lab=lab[0], stem=lab[1], name=short_name(item), doc=item_doc(item))
                 meta.update(points=item_points(item)[0], visibility=item_visibility(item))
+                # its time limit: declared for the reference machine, and here (scaled by the pace)
+                meta.update(declared_limit=item_points(item)[1], limit=round(item_timeout(item), 3))
                 self.collected.append(dict(nodeid=item.nodeid, **meta))
                 self.engine[item.nodeid] = item.get_closest_marker("engine") is not None
         self._tick(f"collected {len(self.collected)}")

@@ -8,12 +8,14 @@ folder is absent, so a lab shows its 90 visible points and says that 10 more are
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+import time
 
 import pytest
-from grading import Run, grade, run
+from grading import REPO, Run, grade, run
 
 from autograder.__main__ import known_labs
 from autograder.points import HIDDEN_DIR, HIDDEN_POINTS, VISIBLE_POINTS
@@ -76,3 +78,136 @@ def test_grader_errors_exit_2(tmp_path):
     assert missing.returncode == 2 and "not a folder" in missing.stderr, missing.explain()
     empty = run([sys.executable, "-m", "autograder", "--impl", str(tmp_path)], ENV)
     assert empty.returncode == 2 and "no lab files" in empty.stderr, empty.explain()
+
+
+# ---- time limits that follow the machine (autograder/pace.py) -----------------------------------------
+def _grade_file(tmp_path, lab_text: str, stem: str, extra: list[str], env: dict) -> list[dict]:
+    """One lab's visible tests graded directly by pytest with the grader's plugin; its records."""
+    folder = tmp_path / "graded"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{stem}.py").write_text(lab_text)
+    results = tmp_path / "records.json"
+    cmd = [sys.executable, "-m", "pytest", f"autograder/test_{stem}.py", "-s", "-q", "-p", "no:cacheprovider"]
+    cmd += ["--impl", str(folder), "--ag-isolate", "--ag-results", str(results), *extra]
+    done = run(cmd, env)
+    assert results.exists(), done.explain()
+    return json.loads(results.read_text())["tests"]
+
+
+def test_every_limit_scales_with_the_pace(tmp_path):
+    """A machine ten times slower than the reference machine (forced: MINISGL_AG_PACE=10) gets every
+    test's limit ten times longer, the engine tests' and servers' included."""
+    stems = {"lab07": "lab07_chunking", "lab11": "lab11_detokenizer"}
+    for lab, stem in stems.items():
+        stub = (REPO / "labs" / f"{stem}.py").read_text()
+        for pace, want in (("10", 10.0), ("2.5", 2.5)):
+            records = _grade_file(tmp_path, stub, stem, ["-k", "not engine"], {**ENV, "MINISGL_AG_PACE": pace})
+            assert records, f"no tests of {stem} were graded"
+            wrong = {
+                r["name"]: (r["declared_limit"], r["limit"])
+                for r in records
+                if r["limit"] != want * r["declared_limit"]
+            }
+            assert not wrong, f"{lab} at pace {pace}: these limits are not {want} x the declared ones: {wrong}"
+
+
+def test_a_starved_test_is_retried_a_computing_one_is_not(tmp_path):
+    """A test that timed out while waiting (here: sleeping) is retried once with a longer limit and
+    then fails saying both tries; one that computed the whole time (an infinite loop) fails at its
+    limit, not retried, and says it was computing."""
+    stub = (REPO / "labs" / "lab07_chunking.py").read_text()
+    raises = [line for line in stub.splitlines() if "raise NotImplementedError" in line]
+    budget, extend = raises[0], raises[1]  # budget() first, then extend_end()
+    pad = budget[: len(budget) - len(budget.lstrip())]
+    text = stub.replace(budget, f"{pad}import time\n{pad}time.sleep(1000)")
+    text = text.replace(extend, f"{pad}while True:\n{pad}    pass")
+    start = time.monotonic()
+    records = _grade_file(
+        tmp_path, text, "lab07_chunking", ["--ag-timeout", "2", "-k", "budget_busy or whole_prompt"], ENV
+    )
+    by_name = {r["name"]: r for r in records}
+    sleeper, looper = (
+        by_name["budget_busy_while_decoding_idle_when_not"],
+        by_name["extend_end_whole_prompt_when_it_fits"],
+    )
+    assert sleeper["outcome"] == looper["outcome"] == "failed"
+    assert "mostly waiting" in sleeper["message"] and "first try stopped at 2 s" in sleeper["message"], sleeper
+    assert "computing the whole time" in looper["message"] and "first try" not in looper["message"], looper
+    assert "well under a second" not in sleeper["message"] + looper["message"], "never claim an unmeasured speed"
+    assert 2 <= looper["duration"] < 10, f"an infinite loop must fail at its limit (2 s), not {looper['duration']} s"
+    assert time.monotonic() - start < 90
+
+
+def test_servers_and_ranks_wait_longer_on_a_slower_machine(monkeypatch, tmp_path):
+    """The limits inside tests follow the pace too: lab 11's servers get pace x 150 s to become ready,
+    lab 10's ranks pace x their start, check and collective limits."""
+    from autograder import pace, tp_ranks
+    from autograder.adapters import lab11
+
+    monkeypatch.setenv(pace.ENV, "10")
+    pace.measure()
+    waited: list[tuple[float, str]] = []
+
+    class FakeServer:
+        def __init__(self, model, detokenizer, folder):
+            pass
+
+        def wait_ready(self, deadline: float, what: str) -> None:
+            waited.append((deadline - time.monotonic(), what))
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(lab11, "Server", FakeServer)
+    with lab11.servers(tmp_path):
+        pass
+    assert len(waited) == 2 and all(1490 < left <= 1500 for left, _ in waited), waited
+    assert waited[0][1].startswith("1500 s (150 s on the course's reference machine"), waited[0][1]
+    spawned = {}
+
+    class FakeProcess:
+        exitcode = 0
+
+        def __init__(self, target, args, daemon):
+            spawned["at_pace"] = args[-1]
+
+        def start(self):
+            pass
+
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+    class FakeContext:
+        Process = FakeProcess
+
+    import torch.multiprocessing as mp
+
+    monkeypatch.setattr(mp, "get_context", lambda kind: FakeContext)
+    verdicts = tp_ranks._spawn_once(["a check"], 2, tmp_path)
+    assert spawned["at_pace"] == 10.0, "the ranks' gloo timeout must be scaled by the pace they are given"
+    assert f"did not start within {10 * tp_ranks.START_S:.0f} s" in verdicts["a check"], verdicts
+    monkeypatch.delenv(pace.ENV)
+    pace.measure()
+
+
+def test_each_lab_line_comes_as_that_lab_is_graded():
+    """``python -m autograder`` prints a lab's summary line when that lab is done, not after every lab:
+    the first line arrives while the next lab is still being graded, after a header on stderr that says
+    how many labs it grades."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "autograder", "lab07", "lab12", "--no-hidden"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        still_running = proc.poll() is None
+        rest, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert first.startswith("lab07 ") and "tests failing" in first, first
+    assert still_running, "the first lab's line must come before the grader has finished the next lab"
+    assert rest.startswith("lab12 "), rest[:200]
+    assert any(line.startswith("grading 2 labs from ") for line in err.splitlines()), err[:300]

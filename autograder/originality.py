@@ -32,6 +32,7 @@ import functools
 import importlib
 import inspect
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -57,7 +58,12 @@ LABS: dict[str, LabReferences] = {
             "minisgl.kernels.cpu_fused:fused_add_rmsnorm",
             "minisgl.kernels.cpu_fused:silu_and_mul",
             "minisgl.kernels.cpu_fused:apply_rope_with_cos_sin_cache_inplace",
+            "minisgl.kernels.jit:cpu_module",  # the C++ kernels themselves (rmsnorm, silu_and_mul, rope, attention)
+            "minisgl.kernels.paged_attention:paged_decode_attention",
+            "minisgl.kernels.paged_attention:paged_decode_attention_torch",
             "minisgl.attention.torch_backend:TorchBackend",
+            "minisgl.layers:LayerImpls",  # its defaults are the engine's functions
+            "minisgl.registry:Registry.get",  # NORMS / ROTARIES / ACTIVATIONS.get("default") too
         )
     ),
     "lab02": LabReferences(
@@ -72,7 +78,16 @@ LABS: dict[str, LabReferences] = {
         ),
         {
             "Allocator": ("num_free", "alloc", "free"),
-            "RequestTable": ("num_free_rows", "alloc_row", "free_row", "map_pages", "set_slots", "slots", "slots_at"),
+            "RequestTable": (
+                "num_free_rows",
+                "alloc_row",
+                "free_row",
+                "map_pages",
+                "set_slots",
+                "slots",
+                "slots_at",
+                "point_dummy_row_at",
+            ),
         },
     ),
     "lab04": LabReferences(
@@ -84,31 +99,28 @@ LABS: dict[str, LabReferences] = {
         {"PagedAttentionBackend": ("prepare_metadata", "forward")},
     ),
     "lab05": LabReferences(
-        ("minisgl.scheduler.admission:ReserveAll", "minisgl.scheduler.admission:Optimistic"),
+        (
+            "minisgl.scheduler.admission:ReserveAll",
+            "minisgl.scheduler.admission:Optimistic",
+            "minisgl.scheduler.admission:AdmissionPolicy.reserved_len",  # the interface's default is the answer
+        ),
+        {"FairAdmission": ("reserved_len", "fits", "admit")},
     ),
     "lab06": LabReferences(
         ("minisgl.kvcache.radix:RadixPrefixCache", "minisgl.kvcache.radix:RadixNode"),
         {"RadixCache": ("match_prefix", "lock", "unlock", "insert", "evict", "evictable_size", "protected_size")},
     ),
     "lab07": LabReferences(
-        (
-            "minisgl.scheduler.chunking:GreedyChunking",
-            "minisgl.scheduler.chunking:ChunkingPolicy.budget",
-            "minisgl.scheduler.chunking:ChunkingPolicy.decode_first",
-        ),
+        ("minisgl.scheduler.chunking:GreedyChunking",),  # the interface's three methods are abstract
         {"BudgetChunking": ("budget", "extend_end", "decode_first")},
     ),
     "lab08": LabReferences(
         ("minisgl.scheduler.loop:OverlapLoop", "minisgl.scheduler.loop:PlainLoop"),
+        {"OverlapLoop": ("step", "in_flight")},
     ),
     "lab09": LabReferences(
-        (
-            "minisgl.engine.graph:BucketPlan",
-            "minisgl.engine.graph:GraphPlan.bucket",
-            "minisgl.engine.graph:GraphPlan.pad",
-            "minisgl.engine.graph:graph_batch_sizes",
-        ),
-        {"PaddedPlan": ("sizes", "bucket", "pad")},
+        ("minisgl.engine.graph:BucketPlan", "minisgl.engine.graph:graph_batch_sizes"),  # GraphPlan: abstract
+        {"PaddedPlan": ("candidates", "sizes", "bucket", "pad")},
     ),
     "lab10": LabReferences(
         (
@@ -119,6 +131,14 @@ LABS: dict[str, LabReferences] = {
             "minisgl.layers.embedding:VocabParallelEmbedding",
             "minisgl.layers.embedding:ParallelLMHead",
         ),
+        {  # what each class must take from the lab file, inherited from the lab's base class or its own
+            "ColumnParallelLinear": ("_slice", "load_shard"),
+            "MergedColumnParallelLinear": ("__init__", "_slice", "load_shard"),
+            "QKVParallelLinear": ("__init__", "_slice", "load_shard"),
+            "RowParallelLinear": ("load_weight", "forward"),
+            "VocabParallelEmbedding": ("__init__", "load_weight", "forward"),
+            "ParallelLMHead": ("load_weight", "forward"),
+        },
     ),
     "lab11": LabReferences(
         (
@@ -126,6 +146,12 @@ LABS: dict[str, LabReferences] = {
             "minisgl.tokenizer.detokenizer:StopStringCutter",
             "minisgl.tokenizer.detokenizer:text_streams",
         ),
+        {  # the classes, and the same classes as TEXT_STREAMS holds them (checked field by field)
+            "LabDetokenizer": ("push", "flush"),
+            "LabStopStrings": ("feed", "flush"),
+            "TEXT_STREAMS.detokenizer": ("push", "flush"),
+            "TEXT_STREAMS.stop_strings": ("feed", "flush"),
+        },
     ),
     "lab12": LabReferences(
         (
@@ -133,6 +159,7 @@ LABS: dict[str, LabReferences] = {
             "minisgl.benchmark.metrics:summary",
             "minisgl.benchmark.metrics:request_metrics",
             "minisgl.benchmark.metrics:latency_metrics",
+            "minisgl.benchmark.online:percentiles",  # a summary() under another name
             "minisgl.benchmark.roofline:param_count",
             "minisgl.benchmark.roofline:decode_step_bytes",
             "minisgl.benchmark.roofline:decode_roofline",
@@ -250,11 +277,22 @@ def check_object(stem: str, attr: str, obj: Any, lab_file: Path) -> None:
                     check_object(stem, f"{attr}.{f.name}", value, lab_file)
 
 
-def install(lab: str, graded_folder: Path) -> None:
-    """Tripwires on the lab's engine references in this process (and the processes it forks)."""
+def install(stem: str, graded_folder: Path) -> None:
+    """Tripwires on the lab's engine references in this process (and the processes it forks): they
+    fire for calls from the lab's file (or another file of the graded folder that is no other lab's:
+    the student's helpers), never from another lab's file (a plain ``pytest autograder`` collects
+    several labs, and lab 08's loop runs the engine's lab 07 policy through the scheduler)."""
+    lab = lab_of_stem(stem)
     if lab in _installed or lab not in LABS:
         return
-    prefix = str(graded_folder.resolve()) + os.sep
+    folder = str(graded_folder.resolve()) + os.sep
+    own_file = f"{stem}.py"
+
+    def graded(filename: str) -> bool:
+        if not filename.startswith(folder):
+            return False
+        name = filename[len(folder) :]
+        return name == own_file or re.match(r"lab\d\d_", name) is None
     originals = references(lab)
     swaps: dict[int, Any] = {}  # id of an original function -> its tripwire
     for dotted in LABS[lab].engine:
@@ -263,12 +301,12 @@ def install(lab: str, graded_folder: Path) -> None:
             for name, value in list(vars(obj).items()):
                 fn = _function(value)
                 if fn is not None and not isinstance(value, property):  # an instance's methods guard its properties
-                    trip = swaps.setdefault(id(fn), _tripwire(fn, f"{dotted}.{name}", prefix))
+                    trip = swaps.setdefault(id(fn), _tripwire(fn, f"{dotted}.{name}", graded))
                     setattr(obj, name, type(value)(trip) if isinstance(value, staticmethod | classmethod) else trip)
         elif inspect.isfunction(obj):
             owner, _, method = dotted.partition(":")[2].rpartition(".")
-            trip = swaps.setdefault(id(obj), _tripwire(obj, dotted, prefix))
-            if owner:  # a method of an interface that holds part of the answer (GraphPlan.pad)
+            trip = swaps.setdefault(id(obj), _tripwire(obj, dotted, graded))
+            if owner:  # a method of an interface that holds part of the answer (AdmissionPolicy.reserved_len)
                 setattr(_resolve(f"{dotted.partition(':')[0]}:{owner}"), method, trip)
     for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "minisgl" and m is not None]:
         for name, value in list(vars(module).items()):
@@ -282,7 +320,7 @@ def install(lab: str, graded_folder: Path) -> None:
 _REFERENCE_CODE: set = set()  # code objects of the guarded references
 
 
-def _tripwire(fn: Any, dotted: str, prefix: str) -> Any:
+def _tripwire(fn: Any, dotted: str, graded: Any) -> Any:
     """``fn``, refusing a call whose nearest caller that is graded code or reference code is graded
     code: a reference called by another reference (the engine's ``summary`` calling its
     ``percentile``, where the grader put that ``summary`` into the lab module) is the engine at work."""
@@ -292,7 +330,7 @@ def _tripwire(fn: Any, dotted: str, prefix: str) -> Any:
     def guarded(*args, **kwargs):
         frame = sys._getframe(1)
         while frame is not None and frame.f_code not in _REFERENCE_CODE:
-            if frame.f_code.co_filename.startswith(prefix):
+            if graded(frame.f_code.co_filename):
                 where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}()"
                 raise _refuse(
                     f"your code calls the engine's own {dotted} ({where}): the lab asks you to write it, not to "

@@ -73,8 +73,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     check_points(items, whole_labs=bool(config.getoption("ag_results")))
     # the engine tests of a lab last: they are skipped while its unit tests all raise NotImplementedError
     items.sort(key=lambda item: lab_of(item) is not None and item.get_closest_marker("engine") is not None)
-    for lab in sorted({lab_of(item)[0] for item in items if lab_of(item) is not None}):
-        originality.install(lab, impl.impl_folder())  # before any test imports the lab file
+    for stem in sorted({lab_of(item)[1] for item in items if lab_of(item) is not None}):
+        originality.install(stem, impl.impl_folder())  # before any test imports the lab file
     if not config.getoption("ag_isolate") and config.pluginmanager.hasplugin("timeout"):
         for item in items:
             if lab_of(item) is not None:

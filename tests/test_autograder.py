@@ -57,9 +57,14 @@ def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
         jobs[f"hidden:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / f"hidden-{m.name}")), "-k", only]
     direct = [sys.executable, "-m", "pytest", "autograder", "-k", "lab06 and not engine", "--impl", "solutions"]
     direct += ["-q", "-p", "no:cacheprovider"]
+    # two labs in one pytest process: lab 08's loop runs the engine's lab 07 policy through the scheduler,
+    # which lab 07's tripwires (originality.py) must not count against lab 08
+    two = [sys.executable, "-m", "pytest", "autograder", "-k", "(lab07 or lab08) and not engine", "--impl", "solutions"]
+    two += ["-q", "-p", "no:cacheprovider"]
     with ThreadPoolExecutor(2) as pool:
         futures = {key: pool.submit(grade, args, grading_env, tmp, key) for key, args in jobs.items()}
         futures["direct"] = pool.submit(run, direct, grading_env)
+        futures["direct-two-labs"] = pool.submit(run, two, grading_env)
         done = {key: f.result() for key, f in futures.items()}
     print("grading runs (s):", {key: round(r.seconds, 1) for key, r in done.items()})
     return done
@@ -205,6 +210,11 @@ def test_students_can_run_pytest_directly(runs):
     assert run.returncode == 0, f"`pytest autograder -k lab06 --impl solutions` should pass\n{run.explain()}"
     # 11 visible tests and 4 hidden ones (the instructor's edition collects autograder/hidden/ too)
     assert "lab06_radix_cache" in run.stdout and "15/15 tests passed" in run.stdout, run.explain()
+
+
+def test_two_labs_in_one_pytest_run_keep_their_points(runs):
+    run = runs["direct-two-labs"]
+    assert run.returncode == 0, f"`pytest autograder -k 'lab07 or lab08'` on the solutions must pass\n{run.explain()}"
 
 
 def test_standalone_tiny_models(tmp_path, monkeypatch):

@@ -111,6 +111,12 @@ def rms_norm_pitfalls(x: torch.Tensor, weight: torch.Tensor, eps: float) -> list
             "multiply the normalised value by weight",
             lambda: (h * torch.rsqrt(mean_sq + eps)).to(x.dtype),
         ),
+        Pitfall(
+            "one mean of squares for the whole tensor instead of each row's",
+            "each row (each head of a [tokens, heads, head_dim] x) is normalised by its own mean over the last "
+            "dim: mean(dim=-1, keepdim=True)",
+            lambda: finish(h * torch.rsqrt(h.pow(2).mean() + eps)),
+        ),
     ]
     if not low_precision(x.dtype):
         return out
@@ -415,11 +421,14 @@ def _apply_rotary_random(tokens, heads, half, dtype, seed):
 
 
 # ---- attention --------------------------------------------------------------------------------------
-def dense_attention(q, k, v, scale, *, mask: str = "causal", heads: str = "interleave", low: str = "") -> torch.Tensor:
+def dense_attention(
+    q, k, v, scale, *, mask: str = "causal", heads: str = "interleave", low: str = "", naive: bool = False
+) -> torch.Tensor:
     """Attention written the way a student might, to compute the pitfalls: ``mask`` is "causal"
-    (queries at S - T .. S - 1), "first" (queries taken as 0 .. T - 1) or "none"; ``heads``
-    "interleave" (head h reads KV head h // (H // KV)) or "repeat" (h % KV); ``low`` the step done
-    in q.dtype: "all", "scores" (q @ k^T), "softmax" or "probs" (cast before @ v)."""
+    (queries at S - T .. S - 1), "strict" (each query's own key hidden too), "first" (queries taken as
+    0 .. T - 1) or "none"; ``heads`` "interleave" (head h reads KV head h // (H // KV)) or "repeat"
+    (h % KV); ``low`` the step done in q.dtype: "all", "scores" (q @ k^T), "softmax" or "probs" (cast
+    before @ v); ``naive``: exp / sum without subtracting the row's maximum."""
     t, s = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
 
@@ -432,11 +441,11 @@ def dense_attention(q, k, v, scale, *, mask: str = "causal", heads: str = "inter
     scores = torch.einsum("thd,shd->hts", q if low == "scores" else up(q), spread(k if low == "scores" else up(k)))
     scores = (scores * scale).float() if low == "scores" else scores * scale
     if mask != "none":
-        q_pos = torch.arange(s - t, s) if mask == "causal" else torch.arange(t)
+        q_pos = torch.arange(t) if mask == "first" else torch.arange(s - t, s) - int(mask == "strict")
         scores = scores.masked_fill(torch.arange(s)[None, None, :] > q_pos[None, :, None], float("-inf"))
     # the normalisation runs in q.dtype only for the "softmax" pitfall
     weights = scores.to(q.dtype) if low == "softmax" else scores
-    probs = torch.softmax(weights, dim=-1).float()
+    probs = (weights.exp() / weights.exp().sum(-1, keepdim=True) if naive else torch.softmax(weights, dim=-1)).float()
     values = spread(up(v))
     if low == "probs":
         probs, values = probs.to(q.dtype), spread(v)
@@ -462,6 +471,30 @@ def attention_pitfalls(q, k, v, scale) -> list[Pitfall]:
                 f"they are the last T positions (S - T .. S - 1 = {s - t} .. {s - 1}); the first S - T keys are the "
                 "cached prefix",
                 lambda: dense_attention(q, k, v, scale, mask="first"),
+            )
+        )
+    if scale != q.shape[-1] ** -0.5:
+        out.append(
+            Pitfall(
+                "1 / sqrt(head_dim) instead of the scale argument",
+                f"multiply the scores by scale (here {scale:g}, not head_dim ** -0.5 = {q.shape[-1] ** -0.5:g}): "
+                "models choose their own (Gemma, muP, ...)",
+                lambda: dense_attention(q, k, v, q.shape[-1] ** -0.5),
+            )
+        )
+    out.append(
+        Pitfall(
+            "a mask that hides each query's own key (keys < S - T + t kept instead of <=)",
+            "query t sees keys 0 .. S - T + t, its own position included",
+            lambda: dense_attention(q, k, v, scale, mask="strict"),
+        )
+    )
+    if (torch.einsum("thd,shd->hts", q.float(), k.float().repeat_interleave(h // kv, dim=1)) * scale).max() > 88:
+        out.append(
+            Pitfall(
+                "exp() without subtracting each row's maximum (scores above 88 overflow float32: inf / inf is NaN)",
+                "use torch.softmax, or subtract each row's max before exp()",
+                lambda: dense_attention(q, k, v, scale, naive=True),
             )
         )
     if 1 < kv < h:
@@ -517,9 +550,11 @@ def check_attention(q, k, v, scale, what) -> None:
 
 @points(7)
 def test_gqa_attention_prefill():
-    """Causal GQA over a whole prompt (T == S), 8 query heads sharing 2 KV heads."""
+    """Causal GQA over a whole prompt (T == S), 8 query heads sharing 2 KV heads, scaled by the scale it is
+    given (1 / sqrt(head_dim), and another)."""
     q, k, v = rand(6, 8, 16, seed=6), rand(6, 2, 16, seed=7), rand(6, 2, 16, seed=8)
     check_attention(q, k, v, 16**-0.5, "gqa_attention(q [6, 8, 16], k/v [6, 2, 16])")
+    check_attention(q, k, v, 0.125, "gqa_attention(q [6, 8, 16], k/v [6, 2, 16], scale=0.125)")
 
 
 @points(7)
@@ -532,15 +567,25 @@ def test_gqa_attention_cached_prefix():
 
 @points(5)
 def test_gqa_attention_bfloat16():
-    """In bfloat16, attention computes in float32 and rounds once: bit for bit the float32 result."""
+    """In bfloat16, attention computes in float32 and rounds once: bit for bit the float32 result; and its
+    softmax survives scores above 88 (where exp() overflows float32)."""
     q = rand(8, 6, 64, seed=45, dtype=torch.bfloat16, scale=2.0)
     k, v = rand(40, 2, 64, seed=46, dtype=torch.bfloat16), rand(40, 2, 64, seed=47, dtype=torch.bfloat16)
     check_attention(q, k, v, 64**-0.5, f"gqa_attention(q {describe(q)}, k/v {describe(k)})")
+    q, k = large_scores(q, k)
+    check_attention(q, k, v, 64**-0.5, f"gqa_attention(q {describe(q)}, k/v {describe(k)}) on scores above 88")
+
+
+def large_scores(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rounded to integers, q scaled up: scores far above 88 (exp() overflows float32 there), and
+    exact whatever the order of the sums (integers, and a power-of-two scale)."""
+    return (q.float() * 30).round().to(q.dtype), (k.float() * 2).round().to(k.dtype)
 
 
 @points(6)
 def test_gqa_attention_random():
-    """gqa_attention matches SDPA for random sequence lengths, head groupings and dtypes."""
+    """gqa_attention matches SDPA for random sequence lengths, head groupings, dtypes, scales and scores
+    (some above 88)."""
     lab.gqa_attention(rand(2, 2, 4), rand(2, 1, 4), rand(2, 1, 4), 0.5)  # a stub fails here, before the random search
     _gqa_attention_random()
 
@@ -553,13 +598,19 @@ def test_gqa_attention_random():
     group=st.sampled_from([1, 2, 3]),
     dim=st.sampled_from([4, 16]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    scale=st.sampled_from([None, 0.125, 1.0]),  # None: 1 / sqrt(dim); all powers of two
+    large=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def _gqa_attention_random(new, cached, kv_heads, group, dim, dtype, seed):
+def _gqa_attention_random(new, cached, kv_heads, group, dim, dtype, scale, large, seed):
     q = rand(new, kv_heads * group, dim, seed=seed, dtype=dtype, scale=2.0)
     k = rand(new + cached, kv_heads, dim, seed=seed + 1, dtype=dtype)
     v = rand(new + cached, kv_heads, dim, seed=seed + 2, dtype=dtype)
-    check_attention(q, k, v, dim**-0.5, f"gqa_attention(q {describe(q)}, k/v {describe(k)})")
+    if large:
+        q, k = large_scores(q, k)
+    scale = dim**-0.5 if scale is None else scale
+    what = f"gqa_attention(q {describe(q)}, k/v {describe(k)}, scale={scale:g}" + (", large scores)" if large else ")")
+    check_attention(q, k, v, scale, what)
 
 
 # ---- SwiGLU -----------------------------------------------------------------------------------------

@@ -65,20 +65,21 @@ def row_text(info: SamplingInfo, r: int) -> str:
 
 
 # ---- the reference draw -----------------------------------------------------------------------------
-def reference(logits: torch.Tensor, info: SamplingInfo):
+def reference(logits: torch.Tensor, info: SamplingInfo, u: torch.Tensor | None = None):
     """The engine's rule, its CDF in float64 over the engine's filtered float32 logits: (tokens,
-    probabilities, cdf, u * total)."""
+    probabilities, cdf, u * total). ``u``: each row's uniform, ``uniform(info.seeds, info.steps)``
+    unless given."""
     probs = filter_logits(logits.float(), info).double().softmax(dim=-1)
     cdf = probs.cumsum(dim=-1)
-    target = uniform(info.seeds, info.steps) * cdf[:, -1]
+    target = (uniform(info.seeds, info.steps) if u is None else u.double()) * cdf[:, -1]
     tokens = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=logits.shape[-1] - 1)
     tokens = torch.where(info.temperatures > 0, tokens, logits.float().argmax(dim=-1))
     return tokens, probs, cdf, target
 
 
-def bad_rows(got: torch.Tensor, logits: torch.Tensor, info: SamplingInfo) -> tuple[list[int], torch.Tensor]:
+def bad_rows(got: torch.Tensor, logits: torch.Tensor, info: SamplingInfo, u=None) -> tuple[list[int], torch.Tensor]:
     """Rows whose token breaks the rule (beyond float32 rounding), and the reference tokens."""
-    want, probs, cdf, target = reference(logits, info)
+    want, probs, cdf, target = reference(logits, info, u)
     bad = []
     for r in range(len(want)):
         t = int(got[r])
@@ -92,18 +93,19 @@ def bad_rows(got: torch.Tensor, logits: torch.Tensor, info: SamplingInfo) -> tup
     return bad, want
 
 
-def check_tokens(got, logits: torch.Tensor, info: SamplingInfo, what: str, usual: str, pitfalls=()) -> None:
+def check_tokens(got, logits: torch.Tensor, info: SamplingInfo, what: str, usual: str, pitfalls=(), u=None) -> None:
     """Every row's token must be the engine rule's (greedy: the argmax). ``pitfalls``: (mistake,
-    tokens-it-gives function) pairs; a failure names the one the student's tokens match."""
+    tokens-it-gives function) pairs; a failure names the one the student's tokens match. ``u``: the
+    uniforms the draw was given, when not ``uniform(info.seeds, info.steps)``."""
     n = logits.shape[0]
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what}: expected a tensor of {n} token ids, got {type(got).__name__}")
     if got.shape != (n,) or got.dtype != torch.int64:
         raise AssertionError(f"{what}: expected shape [{n}] int64, got {list(got.shape)} {got.dtype}")
-    bad, want = bad_rows(got, logits, info)
+    bad, want = bad_rows(got, logits, info, u)
     if not bad:
         return
-    _, probs, cdf, target = reference(logits, info)
+    _, probs, cdf, target = reference(logits, info, u)
     r, t = bad[0], int(got[bad[0]])
     w = int(want[r])
     if info.temperatures[r] == 0:
@@ -205,10 +207,56 @@ def sample_pitfalls(logits: torch.Tensor, info: SamplingInfo) -> list:
     ]  # fmt: skip
 
 
+# ---- rows of equally likely tokens: exact probabilities, to land on the boundaries --------------------
+def tied_rows(sizes: list[int], vocab: int, seed: int) -> torch.Tensor:
+    """Row r: ``sizes[r]`` logits 0 (a power of two of them) at random places, -inf elsewhere. Each
+    probability is 1/n and every partial sum m/n, exactly, in float32 and float64 alike, whatever the
+    softmax (exp(0) = 1), so a rule's ``<`` and ``<=`` give different answers there."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.full((len(sizes), vocab), INF)
+    for r, n in enumerate(sizes):
+        logits[r, torch.randperm(vocab, generator=g)[:n]] = 0.0
+    return logits
+
+
+def random_tied_case(seed: int, rows: int, vocab: int) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Tied rows of random sizes n (powers of two up to vocab) and a random m in [1, n] each."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [2 ** int(torch.randint(0, vocab.bit_length(), (1,), generator=g)) for _ in range(rows)]
+    ms = [int(torch.randint(1, n + 1, (1,), generator=g)) for n in sizes]
+    return tied_rows(sizes, vocab, seed), sizes, ms
+
+
+def check_nucleus_sizes(got, logits: torch.Tensor, top_p: torch.Tensor, keep: list[int], what: str) -> None:
+    """``got = top_p_filter(logits, top_p)`` on tied rows: row r keeps exactly ``keep[r]`` of its tokens,
+    unchanged. Which of the tied tokens stay is up to the sort, so only their number is checked."""
+    if not isinstance(got, torch.Tensor) or got.shape != logits.shape:
+        raise AssertionError(f"{what}: expected a tensor shaped {list(logits.shape)}, got {got!r:.80}")
+    for r, m in enumerate(keep):
+        kept, n, p = got[r] > INF, int((logits[r] > INF).sum()), top_p[r].item()
+        if (kept & ~(logits[r] > INF)).any() or not torch.equal(got[r][kept], logits[r][kept]):
+            raise AssertionError(f"{what}: row {r}: a kept value changed, or a -inf logit came back finite")
+        k = int(kept.sum())
+        if k == m:
+            continue
+        why = {
+            m + 1: "this keeps the token whose mass before it equals p (mass_before <= p): keep it only while "
+            "mass_before < p",
+            m - 1: "this drops the token that reaches p (cumsum < p): keep a token when the mass *before* it is < p",
+        }
+        rule = "p = 1 keeps every token" if m == n else "the mass before the next one is p itself, not < p"
+        raise AssertionError(
+            f"{what}: row {r} has {n} equally likely tokens (probability 1/{n} each, exact in float32) and p = {p:g} "
+            f"= {m}/{n}: the {m} most likely sum to exactly p, so {m} stay ({rule}); {k} stayed"
+            + (f"\n{why[k]}" if k in why else "")
+        )
+
+
 # ---- scale_logits -------------------------------------------------------------------------------------
 @points(5)
 def test_scale_logits():
-    """Each row divided by its temperature, in float32; greedy rows (temperature 0) divided by 1."""
+    """Each row divided by its temperature, in float32 (bfloat16 logits too); greedy rows (temperature 0)
+    divided by 1."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, V, generator=g) * 3
     logits[4, :10] = INF
@@ -229,6 +277,20 @@ def test_scale_logits():
                     lambda: logits * torch.where(temps > 0, temps, 1.0)[:, None]),
         ],
     )  # fmt: skip
+    check_scale_bfloat16(logits, temps, "scale_logits(logits [5, 64] bfloat16, temperatures [0.5, 1, 2, 0, 0.7])")
+
+
+def check_scale_bfloat16(logits: torch.Tensor, temps: torch.Tensor, what: str) -> None:
+    """The model's logits come in bfloat16 on a GPU: scale_logits returns float32, divided in float32."""
+    low = logits.bfloat16()
+    check_tensor(
+        lab.scale_logits(low.clone(), temps),
+        filter_logits(low.float(), make_info(temps.tolist(), vocab=logits.shape[-1])),
+        what,
+        exact=True,
+        hint="convert with logits.float() before dividing: the result is float32 whatever the logits' dtype "
+        "(divided in bfloat16, a logit keeps 3 significant digits, and every probability after it moves)",
+    )
 
 
 # ---- top-k --------------------------------------------------------------------------------------------
@@ -239,34 +301,37 @@ def _top_k_case():
     logits[0, 6:] = -2.0
     logits[5, 8:] = INF  # 8 finite logits, top_k 20: everything finite stays
     logits[6, 3] = 100.0
-    top_k = torch.tensor([2, 1, 5, V, 17, 20, 1])
-    return logits, top_k
+    top_k = torch.tensor([2, 1, 5, V, 17, 20, 1, V + 3])  # k = V and k > V keep everything
+    return torch.cat([logits, logits[3:4]]), top_k
 
 
 @points(7)
 def test_top_k_filter():
-    """Each row keeps the logits >= its own k-th largest (ties kept); k >= vocab keeps everything."""
+    """Each row keeps the logits >= its own k-th largest (ties kept); k >= vocab keeps everything (k = vocab
+    and k > vocab)."""
     logits, top_k = _top_k_case()
     got = lab.top_k_filter(logits.clone(), top_k.clone())
-    want = filter_logits(logits, make_info([1.0] * len(top_k), top_k=top_k))
+    capped = top_k.clamp(max=V)  # the engine never asks for more than the vocabulary
+    want = filter_logits(logits, make_info([1.0] * len(top_k), top_k=capped))
     check_tensor(
         got,
         want,
-        f"top_k_filter(logits [7, 64], top_k {top_k.tolist()})",
+        f"top_k_filter(logits [8, 64], top_k {top_k.tolist()})",
         exact=True,
-        hint="keep logits >= the k-th largest of the row (sort descending, take index k - 1), the rest -inf",
+        hint="keep logits >= the k-th largest of the row (sort descending, take index k - 1), the rest -inf; "
+        "k >= vocab keeps every token (row 7: k = vocab + 3)",
         pitfalls=[
             Pitfall("keeping k + 1 tokens", "the k-th largest is at index k - 1 of the descending sort",
-                    lambda: filter_logits(logits, make_info([1.0] * 7, top_k=(top_k + 1).clamp(max=V)))),
+                    lambda: filter_logits(logits, make_info([1.0] * 8, top_k=(top_k + 1).clamp(max=V)))),
             Pitfall("dropping the ties with the k-th logit (torch.topk's indices keep exactly k)",
                     "compare with the k-th largest value: every logit >= it stays (row 0 has k=2 and keeps 4 tokens)",
                     lambda: top_k_exactly_k(logits, top_k)),
             Pitfall("one k for the whole batch", "each row uses its own top_k[r] (gather per row)",
-                    lambda: filter_logits(logits, make_info([1.0] * 7, top_k=[int(top_k.max())] * 7))),
+                    lambda: filter_logits(logits, make_info([1.0] * 8, top_k=[int(capped.max())] * 8))),
             Pitfall("one k for the whole batch", "each row uses its own top_k[r] (gather per row)",
-                    lambda: filter_logits(logits, make_info([1.0] * 7, top_k=[int(top_k[0])] * 7))),
+                    lambda: filter_logits(logits, make_info([1.0] * 8, top_k=[int(top_k[0])] * 8))),
             Pitfall("masking by arithmetic (logits * keep + (1 - keep) * -inf)", NAN_FIX,
-                    lambda: masked_by_arithmetic(logits, filter_logits(logits, make_info([1.0] * 7, top_k=top_k)))),
+                    lambda: masked_by_arithmetic(logits, filter_logits(logits, make_info([1.0] * 8, top_k=capped)))),
         ],
     )  # fmt: skip
 
@@ -286,7 +351,8 @@ def _top_p_case():
 @points(7)
 def test_top_p_filter():
     """Each row keeps its nucleus: a token stays when the mass of the more likely tokens is < p, so the
-    token crossing p stays and a tiny p keeps the top token."""
+    token crossing p stays and a tiny p keeps the top token; a token whose mass before it is exactly p
+    goes (rows of equally likely tokens, whose probabilities are exact)."""
     logits, top_p = _top_p_case()
     got = lab.top_p_filter(logits.clone(), top_p.clone())
     want = filter_logits(logits, make_info([1.0] * len(top_p), top_p=top_p))
@@ -309,12 +375,17 @@ def test_top_p_filter():
                     lambda: masked_by_arithmetic(logits, filter_logits(logits, make_info([1.0] * 6, top_p=top_p)))),
         ],
     )  # fmt: skip
+    # the boundary itself: the mass before a token equal to p, exactly (equally likely tokens)
+    sizes, keep = [8, 4, 4, 16, 2], [4, 1, 3, 2, 1]
+    tied, p = tied_rows(sizes, V, seed=9), torch.tensor([0.5, 0.25, 0.75, 0.125, 0.5])
+    check_nucleus_sizes(lab.top_p_filter(tied.clone(), p.clone()), tied, p, keep, "top_p_filter on the boundary")
 
 
 # ---- draw ---------------------------------------------------------------------------------------------
 @points(5)
 def test_draw():
-    """The inverse-CDF rule: the first token whose cumulative probability reaches u * total."""
+    """The inverse-CDF rule: the first token whose cumulative probability reaches u * total (also when it
+    equals it exactly), on logits above 88 (exp overflows float32) and with u above a float32 CDF's total."""
     logits = torch.tensor([[0.2, 0.5, 0.3]]).log().repeat(6, 1)
     logits[5, 1] = INF  # probability 0: never drawn
     u = torch.tensor([0.1, 0.3, 0.69, 0.71, 0.99, 0.45], dtype=torch.float64)
@@ -329,6 +400,16 @@ def test_draw():
         f"token masked to -inf, CDF 0.4, 0.4, 1.0) returned {got.tolist()}, expected {want.tolist()}: the token is "
         "the first i with cdf[i] >= u * cdf[-1] (torch.searchsorted), and a -inf logit has probability 0"
     )
+    shifted = lab.draw(logits.clone() + 100.0, u.clone())  # the same probabilities: softmax ignores a shift
+    assert isinstance(shifted, torch.Tensor) and torch.equal(shifted, want), (
+        f"draw on the same rows shifted by +100 (the same probabilities) returned "
+        f"{shifted.tolist() if isinstance(shifted, torch.Tensor) else shifted}, expected {want.tolist()}\nexp() of a "
+        "logit above 88 overflows float32 to inf (and inf / inf is NaN); use softmax, which subtracts the row's "
+        "maximum first"
+    )
+    sizes = [4, 4, 4, 8, 2, 1]
+    check_draw_boundary(tied_rows(sizes, 16, seed=10), sizes, [1, 2, 3, 3, 1, 1], "draw on the boundary")
+    check_draw_near_one()
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(200, V, generator=g) * 2
     logits[::3, ::2] = INF
@@ -340,6 +421,49 @@ def test_draw():
         "draw(logits [200, 64], uniform(seeds, steps))",
         "the CDF of the probabilities (softmax, not the logits), and the first index where it reaches u * cdf[-1]",
         [("the argmax instead of a draw", lambda: logits.argmax(-1))],
+    )
+
+
+def check_draw_boundary(tied: torch.Tensor, sizes: list[int], ms: list[int], what: str) -> None:
+    """draw on tied rows (n equally likely tokens: the CDF's values m/n are exact) with u = m/n: u * total
+    equals the CDF at the m-th drawable token, which is the first i with cdf[i] >= u * total."""
+    ms = [min(m, n - 1) if n > 1 else 0 for n, m in zip(sizes, ms)]  # u in (0, 1): u = 1/2 for one token
+    u = torch.tensor([m / n if m else 0.5 for n, m in zip(sizes, ms)], dtype=torch.float64)
+    got = lab.draw(tied.clone(), u.clone())
+    want = [int((tied[r] > INF).nonzero()[max(m, 1) - 1]) for r, m in enumerate(ms)]
+    if isinstance(got, torch.Tensor) and got.tolist() == want:
+        return
+    shown = got.tolist() if isinstance(got, torch.Tensor) else got
+    r = next((r for r in range(len(want)) if not isinstance(shown, list) or shown[r] != want[r]), 0)
+    raise AssertionError(
+        f"{what}: expected the tokens {want}, got {shown}. Row {r} has {sizes[r]} equally likely tokens (CDF values "
+        f"m/{sizes[r]}, exact in float32) and u = {u[r].item():g}: u * total equals the CDF at drawable token "
+        f"{max(ms[r], 1)} (token id {want[r]})\nthe token is the first i with cdf[i] >= u * total; cdf[i] > u * total "
+        "(searchsorted with right=True) takes the next one"
+    )
+
+
+def check_draw_near_one() -> None:
+    """u = 1 - 2^-40 lies above the total of a float32 CDF that ends below 1: scaled by the total, it lands
+    on the last drawable token, never past it."""
+    u_one, g, rows = 1 - 2**-40, torch.Generator().manual_seed(11), []
+    for _ in range(200):  # rows whose float32 CDF ends below u (about one in three)
+        row = torch.randn(1, 1000, generator=g) * 0.5
+        row[:, -8:] = INF  # the tail cannot be drawn
+        if row.softmax(-1).cumsum(-1)[0, -1].item() < u_one:
+            rows.append(row)
+        if len(rows) == 4:
+            break
+    assert len(rows) == 4, "no float32 CDF ended below 1 - 2^-40 (the test's inputs): tell the staff"
+    logits, u = torch.cat(rows), torch.full((4,), u_one, dtype=torch.float64)
+    check_tokens(
+        lab.draw(logits.clone(), u.clone()),
+        logits,
+        make_info([1.0] * 4, vocab=1000),
+        "draw with u = 1 - 2^-40, above the total of these rows' float32 CDF (their last 8 tokens -inf)",
+        "compare cdf with u * cdf[-1], not with u: a float32 CDF may end a little below 1, and a u above its total "
+        "lands past the last drawable token",
+        u=u,
     )
 
 
@@ -358,8 +482,9 @@ def _random_case(seed: int, rows: int, vocab: int):
 
 @points(7)
 def test_filters_random():
-    """Random batches (vocab 2..200, -inf holes, per-row temperature, top-k, top-p): scale_logits,
-    top_k_filter and top_p_filter give the engine's filter_logits."""
+    """Random batches (vocab 2..200, -inf holes, per-row temperature, top-k, top-p, bfloat16 logits, rows of
+    equally likely tokens on top-p's boundary): scale_logits, top_k_filter and top_p_filter give the engine's
+    filter_logits."""
     lab.scale_logits(torch.zeros(1, 4), torch.ones(1))  # a stub fails here, before hypothesis runs
     _filters_random()
 
@@ -387,11 +512,24 @@ def _filters_random(seed, rows, vocab):
                  filter_logits(logits, make_info(ones, top_p=top_p, vocab=vocab)),
                  f"top_p_filter on a random [{rows}, {vocab}] batch, top_p {top_p.tolist()}", exact=True,
                  hint="keep each token whose more likely tokens sum to < p")  # fmt: skip
+    check_scale_bfloat16(logits, temps, f"scale_logits on a random [{rows}, {vocab}] batch of bfloat16 logits")
+    over = torch.where(top_k == vocab, top_k + seed % 5, top_k)  # k >= vocab keeps everything
+    check_tensor(
+        lab.top_k_filter(logits.clone(), over),
+        filter_logits(logits, make_info(ones, top_k=top_k, vocab=vocab)),
+        f"top_k_filter on a random [{rows}, {vocab}] batch, top_k {over.tolist()}",
+        exact=True,
+        hint="k >= vocab keeps every token",
+    )
+    equal, sizes, ms = random_tied_case(seed, rows, vocab)
+    p = torch.tensor([m / n for n, m in zip(sizes, ms)])
+    check_nucleus_sizes(lab.top_p_filter(equal.clone(), p), equal, p, ms, f"top_p_filter on random tied rows {sizes}")
 
 
 @points(5)
 def test_draw_random():
-    """Random rows and uniforms: every draw follows the inverse-CDF rule."""
+    """Random rows and uniforms: every draw follows the inverse-CDF rule (also on logits above 88, with u
+    above a float32 CDF's total, and with u * total exactly on a CDF value)."""
     lab.draw(torch.zeros(1, 4), torch.full((1,), 0.5, dtype=torch.float64))  # a stub fails here
     _draw_random()
 
@@ -403,6 +541,18 @@ def _draw_random(seed, rows, vocab):
     info = make_info([1.0] * rows, seeds=[seed + r for r in range(rows)], steps=[seed % 97] * rows, vocab=vocab)
     check_tokens(lab.draw(logits.clone(), uniform(info.seeds, info.steps)), logits, info,
                  f"draw on a random [{rows}, {vocab}] batch", "the first index with cdf >= u * cdf[-1]")  # fmt: skip
+    shifted = logits + 100.0
+    check_tokens(lab.draw(shifted.clone(), uniform(info.seeds, info.steps)), shifted, info,
+                 f"draw on a random [{rows}, {vocab}] batch of logits shifted by +100 (the same probabilities)",
+                 "exp() overflows float32 past 88: use softmax (it subtracts the row's maximum first)")  # fmt: skip
+    if vocab > 1:  # u above the total of a float32 CDF (about one row in three), the last token -inf
+        tail, near = logits.clone(), torch.full((rows,), 1 - 2**-40, dtype=torch.float64)
+        tail[:, -1] = INF
+        check_tokens(lab.draw(tail.clone(), near.clone()), tail, info,
+                     f"draw with u = 1 - 2^-40 on a random [{rows}, {vocab}] batch whose last token is -inf",
+                     "compare cdf with u * cdf[-1], not with u: a float32 CDF may end below u", u=near)  # fmt: skip
+    equal, sizes, ms = random_tied_case(seed, rows, vocab)
+    check_draw_boundary(equal, sizes, ms, f"draw on random tied rows {sizes}")
 
 
 # ---- the sampler ----------------------------------------------------------------------------------------

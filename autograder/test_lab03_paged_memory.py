@@ -49,10 +49,16 @@ def expect_runtime_error(call, message: str) -> None:
 # ---- the allocator: helpers --------------------------------------------------------------------------
 def expect_alloc(alloc, n: int, free: set[int], what: str) -> list[int]:
     """``alloc.alloc(n)`` must return n distinct pages out of ``free`` (int64); returns them."""
-    got = alloc.alloc(n)
+    try:
+        got = alloc.alloc(n)
+    except MemoryError as e:  # n <= num_free here: the boundary n == num_free must succeed
+        raise AssertionError(
+            f"{what}: alloc({n}) with {len(free)} pages free raised MemoryError ({e}): only asking for more than "
+            f"num_free raises (n > num_free, not n >= num_free); alloc(num_free) hands out every free page"
+        ) from None
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int64, (
         f"{what}: alloc({n}) must return an int64 tensor of page ids, got {type(got).__name__} "
-        f"{getattr(got, 'dtype', '')}"
+        f"{getattr(got, 'dtype', '')}" + (" (torch.tensor([]) is float32: give dtype=torch.int64)" if n == 0 else "")
     )
     pages = pages_of(got)
     assert len(pages) == n, f"{what}: alloc({n}) returned {len(pages)} pages: {pages}"
@@ -97,9 +103,12 @@ def expect_refused(alloc, pages: list[int], why: str, free_before: int) -> None:
 # ---- the allocator: fixed cases ----------------------------------------------------------------------
 @points(2)
 def test_allocator_starts_free():
-    """A new allocator has every page free; alloc hands out distinct free pages as int64."""
+    """A new allocator has every page free; alloc hands out distinct free pages as int64 (alloc(0): an
+    empty int64 tensor)."""
     a = lab.make_allocator(8)
     expect_num_free(a, 8, "creating an allocator of 8 pages", "every page starts free")
+    expect_alloc(a, 0, set(range(8)), "a new allocator of 8 pages")  # an empty int64 tensor
+    expect_num_free(a, 8, "alloc(0) on 8 free pages", "alloc(0) hands out nothing")
     expect_alloc(a, 3, set(range(8)), "a new allocator of 8 pages")
     expect_num_free(a, 5, "alloc(3) on 8 free pages")
 
@@ -119,7 +128,8 @@ def test_alloc_hands_out_every_page_once():
 
 @points(5)
 def test_out_of_memory_changes_nothing():
-    """Asking for more than num_free raises MemoryError, and the free pages stay free."""
+    """Asking for more than num_free (here num_free + 1) raises MemoryError, and the free pages stay free;
+    asking for exactly num_free hands them all out."""
     a = lab.make_allocator(6)
     first = expect_alloc(a, 4, set(range(6)), "alloc(4) of 6 pages")
     with pytest.raises(MemoryError):
@@ -131,7 +141,7 @@ def test_out_of_memory_changes_nothing():
         "a refused alloc(3) with 2 free",
         "alloc changed the allocator before raising: check n against num_free before taking any page",
     )
-    expect_alloc(a, 2, set(range(6)) - set(first), "alloc(2) after a refused alloc(3)")
+    expect_alloc(a, 2, set(range(6)) - set(first), "alloc(2) (exactly num_free) after a refused alloc(3)")
     with pytest.raises(MemoryError):
         a.alloc(1)
         pytest.fail("alloc(1) with no page free must raise MemoryError")
@@ -175,8 +185,9 @@ def test_bad_free_changes_nothing():
     a = lab.make_allocator(6)
     pages = expect_alloc(a, 6, set(range(6)), "alloc(6) of 6 pages")
     a.free(i64(pages[:1]))
-    expect_refused(a, [pages[2], pages[3], pages[0]], f"page {pages[0]} is free already", 1)
-    expect_refused(a, [pages[2], 6], "page 6 is outside the pool [0, 6)", 1)
+    last = "the last page of the call: check every page, not only the first"
+    expect_refused(a, [pages[2], pages[3], pages[0]], f"page {pages[0]} is free already, {last}", 1)
+    expect_refused(a, [pages[2], 6], f"page 6 is outside the pool [0, 6), {last}", 1)
     expect_refused(
         a, [-1], "page -1 is outside the pool; a negative id silently indexes from the end of a Python list", 1
     )
@@ -208,7 +219,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         except AssertionError as e:
             raise AssertionError(f"{e}{self.where()}") from None
 
-    @rule(n=st.integers(1, NUM_PAGES + 2))
+    @rule(n=st.integers(0, NUM_PAGES + 2))
     def alloc_pages(self, n):
         if n > len(self.free):
             self.log.append(f"alloc({n}) with {len(self.free)} free -> MemoryError")
@@ -265,10 +276,10 @@ class AllocatorMachine(RuleBasedStateMachine):
             )
 
 
-@points(10, timeout=60)
+@points(9, timeout=60)
 def test_allocator_random_operations():
-    """Random alloc / free sequences, with refused ones (out of memory, double frees, pages outside
-    the pool), agree with a model of the free pages after every operation."""
+    """Random alloc / free sequences (alloc(0) and alloc(num_free) among them), with refused ones (out of
+    memory, double frees, pages outside the pool), agree with a model of the free pages after every operation."""
     lab.make_allocator(4).alloc(1)  # a stub fails here, at once
     run_state_machine_as_test(AllocatorMachine, settings=settings(max_examples=150, stateful_step_count=30))
 
@@ -281,17 +292,22 @@ def both(max_rows: int, max_seq_len: int, page_size: int):
     )
 
 
-def wrong_maps(starts, ends, pages, p) -> dict[str, list[list[int]]]:
+def wrong_maps(rows, starts, ends, pages, p) -> dict[str, list[list[int]]]:
     """What each known mistake in map_pages writes, per request (for the messages)."""
-    out: dict[str, list[list[int]]] = {"slot = page": [], "offset counted from the request's start": []}
-    out["every request starting at pages[0]"] = []
+    out: dict[str, list[list[int]]] = {name: [] for name in PITFALLS}
     k = 0
     for s, e in zip(starts, ends):
         page = lambda pos, first=k, s=s: pages[first + (pos - s) // p]  # noqa: E731
         out["slot = page"].append([page(pos) for pos in range(s, e)])
         out["offset counted from the request's start"].append([page(pos) * p + pos - s for pos in range(s, e)])
         out["every request starting at pages[0]"].append([pages[(pos - s) // p] * p + pos % p for pos in range(s, e)])
+        out["a bit mask"].append([page(pos) * p + (pos & (p - 1)) for pos in range(s, e)])
         k += (e - s) // p
+    first, k = {}, 0  # the share of pages each request gets when the rows are served in ascending order
+    for i in sorted(range(len(rows)), key=lambda i: rows[i]):
+        first[i], k = k, k + (ends[i] - starts[i]) // p
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        out["rows sorted"].append([pages[first[i] + (pos - s) // p] * p + pos % p for pos in range(s, e)])
     return out
 
 
@@ -301,6 +317,9 @@ PITFALLS = {
     "(pos % page_size): counting on from the first page assumes the pages are consecutive",
     "every request starting at pages[0]": "pages are taken in order, request after request: request i starts "
     "where request i - 1's pages end",
+    "rows sorted": "the requests take their pages in the order they come in rows (rows[0] first, whatever its "
+    "number), not sorted by row number",
+    "a bit mask": "the offset in a page is pos % page_size: pos & (page_size - 1) is that only for powers of two",
 }
 
 
@@ -313,7 +332,7 @@ def expect_slots(table, row: int, start: int, want: list[int], what: str, wrong:
     got_list = got.tolist()
     if got_list == want:
         return
-    named = [PITFALLS[name] for name, slots in (wrong or {}).items() if slots == got_list]
+    named = [PITFALLS[name] for name, slots in (wrong or {}).items() if slots == got_list and slots != want]
     if not named and len(want) > 1 and (got_list[1:] == want[:-1] or got_list[:-1] == want[1:]):
         named = ["a write lands one position off (positions start, ..., start + len(slots) - 1 change)"]
     raise AssertionError(
@@ -327,7 +346,7 @@ def map_and_check(tables, rows, starts, ends, pages, what: str) -> None:
     mine, ref = tables
     for t in (mine, ref):
         t.map_pages(i64(rows), i64(starts), i64(ends), i64(pages))
-    wrong = wrong_maps(starts, ends, pages, ref.page_size)
+    wrong = wrong_maps(rows, starts, ends, pages, ref.page_size)
     for i, (row, s, e) in enumerate(zip(rows, starts, ends)):
         want = ref.slots(row, s, e).tolist()
         call = f"{what}: map_pages(rows={rows}, starts={starts}, ends={ends}, pages={pages}), page_size {ref.page_size}"
@@ -337,7 +356,8 @@ def map_and_check(tables, rows, starts, ends, pages, what: str) -> None:
 # ---- the request table: fixed cases ----------------------------------------------------------------
 @points(5)
 def test_rows():
-    """Rows [0, max_rows) are handed out once each, never the dummy row; free_row checks its row."""
+    """Rows [0, max_rows) are handed out once each, never the dummy row; free_row checks its row (in use,
+    and in [0, max_rows): -1 and the dummy row are refused)."""
     t = lab.make_table(4, 32)
     assert t.dummy_row == 4, f"dummy_row is {t.dummy_row}, expected max_rows = 4"
     assert t.num_free_rows == 4, (
@@ -346,6 +366,14 @@ def test_rows():
     rows = [t.alloc_row() for _ in range(4)]
     assert sorted(rows) == [0, 1, 2, 3], f"four alloc_row() calls returned {rows}, expected rows 0..3 once each"
     assert t.num_free_rows == 0, f"after handing out every row, num_free_rows is {t.num_free_rows}"
+    for row, what in [(-1, "a negative row"), (4, "the dummy row"), (5, "past the dummy row")]:
+        expect_runtime_error(
+            lambda row=row: t.free_row(row),
+            f"free_row({row}) ({what}) with rows 0..3 in use must raise RuntimeError: only a request row in use may "
+            "be freed; check 0 <= row < max_rows before looking the row up (a negative row silently indexes from "
+            "the end of a Python list: -1 would free row 3)",
+        )
+        assert t.num_free_rows == 0, f"a refused free_row({row}) changed num_free_rows to {t.num_free_rows}"
     t.free_row(rows[1])
     assert t.num_free_rows == 1 and t.alloc_row() == rows[1], "after free_row(r), alloc_row() must hand r out again"
     t.free_row(rows[2])
@@ -370,16 +398,19 @@ def test_map_pages_page_size_1():
     expect_slots(mine, rows[1], 0, [4, 5, 11], "the second request after the decode step")
 
 
-@points(7)
+@points(6)
 def test_map_pages_page_size_4():
     """With 4-token pages, a request's positions fill its pages in order, at page * 4 + offset,
-    whatever pages it gets; later growth starts at a page boundary."""
+    whatever pages it gets; later growth starts at a page boundary; the requests take their pages in
+    the order rows lists them."""
     tables = both(4, 32, 4)
     mine, ref = tables
     rows = [mine.alloc_row(), mine.alloc_row()]  # the engine's table is written at the same rows
     map_and_check(tables, rows, [0, 0], [8, 4], [5, 2, 7], "two prompts, pages 5, 2 and 7")
     expect_slots(mine, rows[0], 0, [20, 21, 22, 23, 8, 9, 10, 11], "the first request (pages 5 and 2)")
-    map_and_check(tables, rows, [8, 4], [12, 12], [1, 6, 3], "both grow (pages 1; 6 and 3)")
+    map_and_check(
+        tables, rows[::-1], [4, 8], [12, 12], [6, 3, 1], "both grow, the second request listed first (pages 6, 3; 1)"
+    )
     got = mine.slots_at(i64([rows[1], rows[0], rows[1]]), i64([0, 9, 11]))
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int64, (
         f"slots_at must return an int64 tensor, got {type(got).__name__} {getattr(got, 'dtype', '')}"
@@ -388,6 +419,17 @@ def test_map_pages_page_size_4():
         f"slots_at(rows=[{rows[1]}, {rows[0]}, {rows[1]}], positions=[0, 9, 11]) is {got.tolist()}, expected "
         "[28, 5, 15]: the slot of (rows[i], positions[i]) for every i"
     )
+
+
+@points(3)
+def test_map_pages_page_size_3():
+    """With 3-token pages (not a power of two), position pos sits at page * 3 + pos % 3."""
+    tables = both(4, 30, 3)
+    mine, ref = tables
+    rows = [mine.alloc_row(), mine.alloc_row(), mine.alloc_row()]
+    map_and_check(tables, rows, [0, 0, 0], [9, 3, 6], [4, 9, 1, 7, 2, 5], "three prompts, pages 4, 9, 1; 7; 2, 5")
+    expect_slots(mine, rows[0], 0, [12, 13, 14, 27, 28, 29, 3, 4, 5], "the first request (pages 4, 9, 1)")
+    map_and_check(tables, rows, [9, 3, 6], [12, 9, 6], [8, 0, 6], "all grow (page 8; 0 and 6; none)")
 
 
 @points(5)
@@ -451,7 +493,7 @@ class TableMachine(RuleBasedStateMachine):
     def where(self) -> str:
         return f"\noperations (page_size {self.p}), oldest first:\n" + "\n".join(f"  {x}" for x in self.log[-12:])
 
-    @initialize(p=st.sampled_from([1, 2, 4]))
+    @initialize(p=st.sampled_from([1, 2, 3, 4]))
     def create(self, p):
         self.p, self.table = p, lab.make_table(MAX_ROWS, WIDTH, p)
         self.log.append(f"RequestTable(max_rows={MAX_ROWS}, max_seq_len={WIDTH}, page_size={p})")
@@ -484,6 +526,16 @@ class TableMachine(RuleBasedStateMachine):
         expect_runtime_error(
             lambda: self.table.free_row(row),
             f"free_row({row}) of a row not in use must raise RuntimeError{self.where()}",
+        )
+
+    @precondition(lambda self: self.table is not None)
+    @rule(row=st.sampled_from([-1, -2, MAX_ROWS, MAX_ROWS + 1]))
+    def free_a_row_that_is_not_a_request_row(self, row):
+        self.log.append(f"free_row({row}) -> RuntimeError")
+        expect_runtime_error(
+            lambda: self.table.free_row(row),
+            f"free_row({row}) must raise RuntimeError: only rows 0 .. {MAX_ROWS - 1} in use may be freed (a negative "
+            f"row silently indexes from the end of a Python list; {MAX_ROWS} is the dummy row){self.where()}",
         )
 
     @precondition(lambda self: self.rows)
@@ -547,17 +599,18 @@ class TableMachine(RuleBasedStateMachine):
                     f"slots_at of every written position gave {getattr(got, 'tolist', lambda: got)()}, expected "
                     f"{want} as int64{self.where()}"
                 )
-        if self.dummy is not None and self.table.page_table[MAX_ROWS].tolist() != [self.dummy] * WIDTH:
+        width = -(-WIDTH // self.p) * self.p  # whole pages
+        if self.dummy is not None and self.table.page_table[MAX_ROWS].tolist() != [self.dummy] * width:
             raise AssertionError(
                 f"the dummy row is {self.table.page_table[MAX_ROWS].tolist()}, expected {self.dummy} everywhere (and "
                 f"no other operation may write it){self.where()}"
             )
 
 
-@points(10, timeout=60)
+@points(9, timeout=60)
 def test_table_random_operations():
-    """Random alloc_row / free_row / map_pages / set_slots / point_dummy_row_at sequences at page
-    sizes 1, 2 and 4 agree with a model of the table after every operation."""
+    """Random alloc_row / free_row (and refused ones) / map_pages / set_slots / point_dummy_row_at
+    sequences at page sizes 1, 2, 3 and 4 agree with a model of the table after every operation."""
     lab.make_table(2, 8).alloc_row()  # a stub fails here, at once
     run_state_machine_as_test(TableMachine, settings=settings(max_examples=150, stateful_step_count=25))
 

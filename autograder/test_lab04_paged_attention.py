@@ -27,12 +27,15 @@ CPU = torch.device("cpu")
 
 
 # ---- brute-force oracles ----------------------------------------------------------------------------
-def brute_mask(starts: list[int], ends: list[int], *, offset: bool = True, strict: bool = False) -> torch.Tensor:
-    """The key mask one token at a time (``offset=False``/``strict=True``: two wrong answers)."""
+def brute_mask(
+    starts: list[int], ends: list[int], *, offset: bool = True, strict: bool = False, past_end: bool = False
+) -> torch.Tensor:
+    """The key mask one token at a time (``offset=False``/``strict=True``/``past_end=True``: three wrong
+    answers; ``past_end``: each token also sees the key one past its position)."""
     rows = []
     for s, e in zip(starts, ends):
         for p in range(s, e):
-            q = p if offset else p - s
+            q = (p if offset else p - s) + past_end
             rows.append([(k < q if strict else k <= q) for k in range(max(ends))])
     return torch.tensor(rows, dtype=torch.bool).reshape(-1, max(ends))
 
@@ -50,14 +53,20 @@ def check_mask(got, starts: list[int], ends: list[int]) -> None:
     what = f"key_mask(starts={starts}, ends={ends})"
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what}: expected a bool tensor, got {type(got).__name__}")
+    decode = all(e - s == 1 for s, e in zip(starts, ends))
     if got.shape != want.shape or got.dtype != torch.bool:
+        shortcut = (
+            "\none row per request: the decode shortcut (one query per request, at ends[i] - 1) holds only when "
+            "every request extends one token; this batch mixes decode rows and prefills"
+            if not decode and got.ndim == 2 and got.shape[0] == len(starts)
+            else ""
+        )
         raise AssertionError(
             f"{what}: expected a bool tensor of shape {list(want.shape)} (one row per token of the flat batch, one "
-            f"column per key position up to max(ends)), got {describe(got)}"
+            f"column per key position up to max(ends)), got {describe(got)}{shortcut}"
         )
     if torch.equal(got.cpu(), want):
         return
-    decode = all(e - s == 1 for s, e in zip(starts, ends))
     wrongs = [
         (
             brute_mask(starts, ends, offset=False),
@@ -65,6 +74,11 @@ def check_mask(got, starts: list[int], ends: list[int]) -> None:
         ),
         (brute_mask(starts, ends, strict=True), "`<` instead of `<=`: a token must see itself (key p = its position)"),
         (decode_only_new(starts, ends), "the decode row attends only the new token: it sees all keys 0..ends[i]-1"),
+        (
+            brute_mask(starts, ends, past_end=True),
+            "a row also sees the key one past its position (key ends[i] for a decode row): `<=` where `<` belongs; "
+            "key positions >= ends[i] are never seen",
+        ),
         (
             torch.ones_like(want),
             "the padding keys are not masked: a request must never see key positions >= its own end",
@@ -248,6 +262,7 @@ def test_key_mask_prefill():
         ([3], [6]),  # after a cached prefix of 3
         ([3, 0], [6, 2]),  # ragged: the second request is padded to 6 keys
         ([0, 5, 2], [3, 6, 4]),  # a decode row (5 -> 6) rides along with two prefills
+        ([5, 0], [6, 3]),  # the decode row first: still not a decode batch
     ]:
         check_mask(lab.key_mask(torch.tensor(starts), torch.tensor(ends)), starts, ends)
 
@@ -305,7 +320,9 @@ def check_metadata(md, sc: Scenario, what: str) -> None:
     assert md.token_req.shape == want_req.shape and torch.equal(md.token_req.long(), want_req), (
         f"{what}: token_req = {md.token_req.tolist()}, expected {want_req.tolist()} (the request of each token)"
     )
+    assert md.token_req.dtype == torch.int64, f"{what}: token_req must be int64, got {describe(md.token_req)}"
     want_mask = brute_mask(starts, ends)
+    assert md.mask.dtype == torch.bool, f"{what}: mask must be a bool tensor, got {describe(md.mask)}"
     assert md.mask.shape == want_mask.shape and torch.equal(md.mask, want_mask), (
         f"{what}: mask is not key_mask(starts, ends) of this batch (shape {list(md.mask.shape)}, expected "
         f"{list(want_mask.shape)})"
@@ -336,9 +353,10 @@ def test_metadata():
 
 
 # ---- paged_attention ----------------------------------------------------------------------------------
-def attention_case(dtype: torch.dtype, seed: int, heads: int = 6, kv_heads: int = 2):
+def attention_case(dtype: torch.dtype, seed: int, heads: int = 6, kv_heads: int = 2, head_dim: int = 16):
     """A ragged batch on a pool of one layer: q, k_slots, v_slots, metadata, and the oracle's inputs."""
-    sc = make_scenario(4, [(5, 9), (0, 3), (11, 12)], heads=heads, kv_heads=kv_heads, dtype=dtype, seed=seed)
+    spans = [(5, 9), (0, 3), (11, 12)]
+    sc = make_scenario(4, spans, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, seed=seed)
     rows = torch.tensor([r.table_idx for r in sc.batch.reqs])
     starts, ends = sc.batch.starts, sc.batch.ends
     kv_slots = sc.table.page_table[rows, : max(ends)].long()
@@ -389,7 +407,8 @@ def test_attention_float32():
 @points(8)
 def test_attention_bfloat16():
     """In bfloat16 every output is within one unit in the last place of exact attention (scores, softmax
-    and the weighted sum in float32, rounded once)."""
+    and the weighted sum in float32, rounded once), at head_dim 16 and at head_dim 32, whose scale
+    1/sqrt(32) is not a power of two (multiplying by it in bfloat16 rounds)."""
     q, ks, vs, kv_slots, token_req, mask = attention_case(torch.bfloat16, seed=2, heads=4, kv_heads=2)
     scale = q.shape[-1] ** -0.5
     got = lab.paged_attention(q.clone(), ks, vs, lab.metadata(kv_slots, token_req, mask), scale)
@@ -405,6 +424,11 @@ def test_attention_bfloat16():
         pitfalls=attention_pitfalls(q, ks, vs, kv_slots, token_req, mask, scale),
     )
     check_ulps(got, exact, what)
+    q, ks, vs, kv_slots, token_req, mask = attention_case(torch.bfloat16, seed=3, heads=4, kv_heads=2, head_dim=32)
+    scale = q.shape[-1] ** -0.5
+    got = lab.paged_attention(q.clone(), ks, vs, lab.metadata(kv_slots, token_req, mask), scale)
+    exact = exact_attention(q, ks, vs, kv_slots, token_req, mask, scale)
+    check_ulps(got, exact, f"paged_attention(q {describe(q)}, scale 1/sqrt(32)) against exact attention")
 
 
 def check_ulps(got: torch.Tensor, exact: torch.Tensor, what: str) -> None:
@@ -418,9 +442,9 @@ def check_ulps(got: torch.Tensor, exact: torch.Tensor, what: str) -> None:
         raise AssertionError(
             f"{what}: {int((units > 1).sum())} of {units.numel()} values are more than one bfloat16 unit in the last "
             f"place from the exact result (up to {units.max().item():.1f} units; first at {list(idx)}: exact "
-            f"{exact[idx].item():.6g}, got {got[idx].item():.6g}); something was rounded to bfloat16 before the end "
-            "(q or the scores before the softmax, the probabilities, or the weighted sum): compute in float32 and "
-            "round once, at the end"
+            f"{exact[idx].item():.6g}, got {got[idx].item():.6g})\nsomething was rounded to bfloat16 before the end "
+            "(q * scale computed in bfloat16, the scores before the softmax, the probabilities, or the weighted "
+            "sum): compute in float32 and round once, at the end"
         )
 
 
@@ -429,12 +453,17 @@ def check_ulps(got: torch.Tensor, exact: torch.Tensor, what: str) -> None:
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_backend_prefill(page_size):
     """A ragged prefill batch (cached prefixes, a fresh prompt, a decode row), GQA: same output and same
-    K/V stored as TorchBackend, in float32 and (within bfloat16 rounding) bfloat16."""
+    K/V stored as TorchBackend, in float32 and (within bfloat16 rounding) bfloat16; then a batch whose
+    extends start and end on page boundaries."""
     lab.backend_class()
     spans = [(13, 21), (0, 5), (30, 31), (16, 17 + page_size)]
     check_backend(make_scenario(page_size, spans, seed=3), f"float32, page_size {page_size}, batch {spans}")
     sc = make_scenario(page_size, spans, seed=4, dtype=torch.bfloat16)
     check_backend(sc, f"bfloat16, page_size {page_size}, batch {spans}", atol=0.03)
+    # on page boundaries (of 16-token pages): a prefix of exactly one page extended by one page, a fresh
+    # prompt of one page, one token on the last slot of a page, one token on the first slot of a page
+    spans = [(16, 32), (0, 16), (15, 16), (32, 33)]
+    check_backend(make_scenario(page_size, spans, seed=6), f"float32, page_size {page_size}, batch {spans}")
 
 
 @points(5)

@@ -119,7 +119,8 @@ def _fits(sched, uid, prompt, max_tokens):
 
 @points(8)
 def test_fits_respects_reservations():
-    """A request fits only in the pages that running requests have not reserved."""
+    """A request fits only in the pages that running requests have not reserved, counted in whole pages
+    (with 4-token pages a partial last page is a page): fits exactly when it needs every page left."""
     # one running request: 10-token prompt prefilled (10 pages held), max_tokens 10: 9 more pages reserved
     build = lambda: state(40, running=[(ids(1, 10), 10)])  # noqa: E731
     for max_tokens, want in [(20, False), (15, True), (17, True), (18, False)]:
@@ -142,6 +143,23 @@ def test_fits_respects_reservations():
         raise AssertionError(
             f"fits() accepted a request needing {need} pages (5-token prompt, max_tokens={max_tokens}) while "
             f"{avail} pages are free or evictable and running requests reserved {reserved} of them: {hint}"
+        )
+    # 4-token pages: a running request holds 2 pages and reserves 2 more, so 8 of the 12 are left
+    for max_tokens, want in [(24, True), (28, False)]:
+        sched = state(12, running=[(ids(72, 8), 9)], page_size=4)
+        ok, ctx, req, _ = _fits(sched, 5, ids(73, 6, first=907), max_tokens)
+        positions, left = req.max_device_len - 1, ctx.available_pages() - ctx.reserved_pages
+        if ok is want:
+            continue
+        cause = (
+            f"the reservation counted in tokens ({positions}) instead of pages"
+            if want
+            else f"the partial last page not counted ({positions} // 4 = {positions // 4} pages, rounded down)"
+        )
+        raise AssertionError(
+            f"page_size 4: fits() returned {ok} for a request reserving {positions} positions, that is "
+            f"{-(-positions // 4)} whole pages, with {left} pages left; expected {want}: {cause}. Count the "
+            "reservation in whole pages, rounded up: ctx.pages_needed(req)"
         )
 
 
@@ -246,6 +264,17 @@ def test_admit_ages():
             f"{calls} admit call(s) with a budget of {budget} tokens admitted {got}, expected {want}: request 1 "
             f"(too big) is passed over {AGING} times, then nobody passes it"
         )
+    # two requests too big: each admission past them counts once for each; the stop comes when one of them
+    # has been passed AGING times (each request's own count, not their sum)
+    bigs = [(1, ids(50, 8, first=901), 40), (2, ids(52, 8, first=902), 40)]
+    small = [(i, ids(50 + i, 3, first=900 + i), 2) for i in range(3, 12)]
+    got = decide(only("admit"), build, [*bigs, *small])
+    want = decide(sim.Reference, build, [*bigs, *small])
+    assert got == want, (
+        f"requests 1 and 2 do not fit and requests 3.. do: you admitted {got}, expected {want}. Each admission "
+        f"past them adds one to the count of each of them; stop once one of them has a count of AGING = {AGING} "
+        "(a sum of the counts reaches it too soon; the count of only one of them, too late or never)"
+    )
 
 
 @points(6)
@@ -319,18 +348,19 @@ def check_workload(w: sim.Workload) -> None:
 
 @points(15, timeout=120)
 def test_random_workloads():
-    """Random workloads (prompts, max_tokens, arrival steps, small KV pools, budgets, row limits) on the
-    real scheduler with debug_checks: no over-commit, no retraction, the budget and rows respected,
-    everyone finishes, and every admission decision equals the reference policy's."""
+    """Random workloads (prompts, max_tokens, arrival steps, small KV pools of 1-, 2- and 4-token pages,
+    budgets, row limits) on the real scheduler with debug_checks: no over-commit, no retraction, the
+    budget and rows respected, everyone finishes, and every admission decision equals the reference
+    policy's."""
     lab.make_policy().reserved_len(sim.request(sim.make_scheduler(), 0, [1, 2, 3], 4))  # a stub fails here
     check_workload(random_workload(0))
     _random_workloads()
 
 
 @settings(max_examples=40, phases=[Phase.explicit, Phase.generate])
-@given(seed=st.integers(0, 2**32 - 1))
-def _random_workloads(seed):
-    check_workload(random_workload(seed))
+@given(seed=st.integers(0, 2**32 - 1), page_size=st.sampled_from([1, 2, 4]))
+def _random_workloads(seed, page_size):
+    check_workload(random_workload(seed, page_size))
 
 
 # ---- the engine on your policy ----------------------------------------------------------------------------

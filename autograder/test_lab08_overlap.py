@@ -228,6 +228,16 @@ def check_processing(trace: Trace) -> None:
                     f"processes, and a request that finished in batch {j} gives its memory back while batch {b}, "
                     "prepared with it, is not launched yet. Launch (and to_host) the new batch first"
                 )
+            copy = s.index("to_host", b) if b is not None else -1
+            waited = s.index("wait")
+            if copy >= 0 and (s.index("process", j) < copy or 0 <= waited < copy):
+                raise AssertionError(
+                    f"step {s.number}: batch {j} was waited for or processed before to_host of batch {b}, launched "
+                    f"in that step (calls: {[p for p, _ in s.calls]}): the copy of batch {b}'s tokens to the host "
+                    f"starts only after the host is done with batch {j}, so it overlaps nothing and the next step "
+                    "waits for all of it. Start the new batch's copy (to_host) right after its launch, then wait for "
+                    "and process the pending batch"
+                )
         elif got != want:
             if b is not None and b in got:
                 if want and want[0] not in got:
@@ -279,7 +289,8 @@ NO_WAIT = object()
 
 
 def check_waits(trace: Trace) -> None:
-    """Each process() comes after a wait() in the same step (since the previous process)."""
+    """Each process(batch) comes after a wait() in the same step (since the previous process), on the ready
+    that to_host() returned for that batch."""
     calls = list(process_calls(trace))
     if not calls:
         raise AssertionError("no batch was processed at all (see the other tests)")
@@ -289,6 +300,31 @@ def check_waits(trace: Trace) -> None:
                 f"step {step}: batch {j} was processed without waiting for its copy to the host (no "
                 "sched.wait(ready) before process): on a GPU its tokens may not have landed yet. wait() on the "
                 "ready that to_host() returned for it, then process"
+            )
+        want = trace.phases.handed[j][1]
+        if waited is not want:
+            raise AssertionError(
+                f"step {step}: the wait() before process(batch {j}) got {waited!r}, expected {want!r}, the ready that "
+                f"to_host() returned for batch {j}: waiting on another batch's copy (the one just launched) lets "
+                "process read a copy that has not landed on a GPU, and waits longer than it must. Keep each batch's "
+                "ready with it while it is pending"
+            )
+
+
+def check_host_tokens(trace: Trace) -> None:
+    """Each process(batch, tokens) gets the host tokens that to_host() returned for that batch."""
+    calls = list(process_calls(trace))
+    if not calls:
+        raise AssertionError("no batch was processed at all (see the other tests)")
+    for step, _, j, tokens in calls:
+        want = trace.phases.handed[j][0]
+        if tokens is not want:
+            kind = "launch()'s device tokens" if isinstance(tokens, DeviceTokens) else repr(tokens)
+            raise AssertionError(
+                f"step {step}: process(batch {j}, tokens) got {kind} ({tokens!r}), expected {want!r}, the host copy "
+                f"that to_host() returned for batch {j}: keep to_host's first result pending, not launch's device "
+                "tensor (on a GPU, reading that on the host waits for the device: one sync per step, and nothing "
+                "overlaps)"
             )
 
 
@@ -318,7 +354,7 @@ def check_in_flight(trace: Trace) -> None:
 
 
 # ---- fixed schedules ----------------------------------------------------------------------------------------
-@points(8)
+@points(6)
 def test_first_step_launches_and_keeps_it_pending():
     """Step 1 plans, prepares, launches and sends to_host batch 0, and processes nothing: returns []."""
     trace = play([True], steps=1)
@@ -337,8 +373,14 @@ def test_launches_the_next_batch_before_processing():
 
 @points(6)
 def test_waits_before_processing():
-    """Every process() comes after a wait() for the host copy, in the same step."""
+    """Every process(batch) comes after a wait() for that batch's host copy, in the same step."""
     check_waits(play([True, True, False], steps=3))
+
+
+@points(4)
+def test_process_reads_the_host_copy():
+    """process(batch, tokens) reads the host copy that to_host() returned for that batch."""
+    check_host_tokens(play([True, True, False], steps=3))
 
 
 @points(10)
@@ -371,7 +413,9 @@ def check_script(script: list[bool]) -> None:
         trace = play(script, in_flight=True)
         check_launches(trace)
         check_processing(trace)
-        check_waits(trace) if any(script) else None
+        if any(script):
+            check_waits(trace)
+            check_host_tokens(trace)
         check_returns(trace)
         check_in_flight(trace)
     except AssertionError as e:
@@ -379,7 +423,7 @@ def check_script(script: list[bool]) -> None:
         raise AssertionError(f"{e}\nschedule (B: a batch, .: None): {shown}") from None
 
 
-@points(14, timeout=90)
+@points(12, timeout=90)
 def test_random_schedules():
     """Random schedules (batches and idle steps): every rule above, at every step."""
     check_script([True, True, False, True])

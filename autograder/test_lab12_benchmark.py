@@ -1,7 +1,7 @@
 """Lab 12 (metrics and the roofline): fixed traces with hand-computed numbers, random traces against
-the reference (``minisgl/benchmark/metrics.py``), a trace the engine records on a tiny model under a
-Poisson load (your ``latency_metrics`` registered as the benchmark's ``--metrics lab12``), and the
-roofline and parameter count of the real architectures against ``minisgl/benchmark/roofline.py``.
+the engine's reference, a trace the engine records on a tiny model under a Poisson load (your
+``latency_metrics`` registered as the benchmark's ``--metrics lab12``), and the roofline and parameter
+count of the real architectures against the reference.
 Run: ``python -m autograder lab12``.
 
 Numbers are compared to a relative 1e-9 (your arithmetic may round in another order); ``nan`` equals
@@ -47,7 +47,11 @@ def differs(want, got, path="result"):
     """``None`` if equal (floats to 1e-9 relative, nan == nan), else where: expected vs got."""
     if isinstance(want, dict):
         if not isinstance(got, dict) or list(got) != list(want):
-            return f"{path}: expected the keys {list(want)}, got {list(got) if isinstance(got, dict) else repr(got)}"
+            shown = list(got) if isinstance(got, dict) else repr(got)
+            same_keys = isinstance(got, dict) and sorted(got) == sorted(want)
+            return f"{path}: expected the keys {list(want)}, got {shown}" + (
+                " (the same keys in another order: the contract states the order)" if same_keys else ""
+            )
         for k in want:
             d = differs(want[k], got[k], f"{path}[{k!r}]")
             if d:
@@ -93,6 +97,10 @@ def pitfalls_of_trace(trace, got, duration=None):
             },
             ("itl_s",),
         ),
+        "gaps of 0 (tokens that arrived together, in one chunk) are ITL samples too: keep every gap": (
+            lambda: {"itl_s": ref.summary([g for m in map(ref.request_metrics, done) for g in m.itls if g > 0])},
+            ("itl_s",),
+        ),
         "TPOT counts only the tokens after the first: (finish - first token) / (n - 1)": (
             lambda: {"tpot_s": ref.summary([(r.finish - r.arrival) / len(r.token_times) for r in done])},
             ("tpot_s",),
@@ -136,7 +144,13 @@ def check_trace(trace, duration=None, what="the trace", alone=True):
             hint += " (aborted ones too)"
         if hint is None and list(got) == list(want):
             off = [k for k in want if not same(want[k], got[k])]
-            if off and all(isinstance(want[k], dict) and same(want[k]["mean"], got[k]["mean"]) for k in off):
+            means_agree = lambda k: (  # noqa: E731
+                isinstance(want[k], dict)
+                and isinstance(got[k], dict)
+                and list(got[k]) == list(want[k])
+                and same(want[k]["mean"], got[k]["mean"])
+            )
+            if off and all(means_agree(k) for k in off):
                 hint = "the means agree, the percentiles do not: check percentile() (linear interpolation)"
         raise AssertionError(f"latency_metrics of {what} (duration={duration}): {d}" + (f": {hint}" if hint else ""))
 
@@ -164,9 +178,14 @@ def check_percentile(xs, p):
     try:
         got = lab.percentile(xs, p)
     except IndexError as e:
-        raise AssertionError(
-            f"percentile({xs}, {p}) raised IndexError ({e}): the rank is off by one (k = (n - 1) * p / 100, 0-based)"
-        ) from None
+        k = (len(xs) - 1) * p / 100
+        why = "the rank is off by one (k = (n - 1) * p / 100, 0-based)"
+        if k == int(k):
+            why = (
+                f"the rank k = {k:g} is a whole number: floor(k) == ceil(k), the value itself, nothing past it to "
+                "interpolate with (ceil(k), not floor(k) + 1)"
+            )
+        raise AssertionError(f"percentile({xs}, {p}) raised IndexError ({e}): {why}") from None
     if same(want, got):
         return
     hint = "sort; k = (n - 1) * p / 100; interpolate linearly between the values at floor(k) and ceil(k)"
@@ -250,6 +269,8 @@ def check_request(req, what):
         if name == "tpot":
             if w is None:
                 hint = "a request of one output token has no TPOT: return None"
+            elif g is None and n == 2:
+                hint = "a request of two output tokens has a TPOT, (finish - first token) / 1: n >= 2, not n > 2"
             elif n and same((req.finish - req.arrival) / n, g) or same((req.finish - req.token_times[0]) / n, g):
                 hint = "TPOT counts only the tokens after the first: (finish - first token) / (n - 1)"
             else:
@@ -270,6 +291,7 @@ def test_request_tpot_itls():
     check_request(R(0.0, [0.5, 0.75, 1.0, 1.25]), "a request of 4 tokens")
     check_request(R(1.0, [2.0, 2.5, 3.0, 3.5, 4.0, 4.5], finish=4.75), "a request of 6 tokens ending after its last")
     check_request(R(0.5, [1.5]), "a request of one output token")
+    check_request(R(0.0, [0.5, 1.0], finish=1.5), "a request of two output tokens (TPOT needs n >= 2: it has one)")
 
 
 # ---- Part A: a trace ---------------------------------------------------------------------------------------
@@ -282,6 +304,9 @@ def test_trace_latencies():
     assert same(4.25 / 9, got["itl_s"]["mean"]), (
         f"the mean ITL of the trace is 4.25 / 9 (9 gaps pooled), got {got['itl_s']['mean']!r}: ITL samples are pooled"
     )
+    # a stream's chunk may carry several tokens: their gaps of 0 are samples like any other
+    chunked = [R(0.0, [0.5, 0.5, 0.75, 0.75, 1.0]), R(0.25, [1.0, 1.0]), R(0.5, [1.0, 2.0])]
+    check_trace(chunked, what="a trace of chunks carrying two tokens at one time (ITL gaps of 0)")
 
 
 @points(8)
@@ -314,16 +339,19 @@ def test_trace_edge_cases():
         "a trace of aborted requests only": [R(0.0, [0.5], finish=0.75, aborted=True), R(0.25, [], 0.5, True)],
         "one-token requests only": [R(0.0, [0.5]), R(0.25, [1.0])],
         "one request": [R(0.5, [0.75, 1.0, 1.5])],
+        "a request whose token came at its arrival (a span of 0)": [R(1.0, [1.0], finish=1.0)],
     }
-    for what, trace in cases.items():
+    runs = [(what, trace, None) for what, trace in cases.items()]
+    # a throughput is nan when the duration is not positive: exactly 0, and below
+    runs += [("the five-request trace", TRACE, 0.0), ("the five-request trace", TRACE, -1.0)]
+    for what, trace, duration in runs:
         try:
-            check_trace(trace, what=what)
+            check_trace(trace, duration=duration, what=what)
         except (ZeroDivisionError, ValueError, IndexError) as e:
             raise AssertionError(
-                f"latency_metrics of {what} raised {type(e).__name__}: {e}: without samples a statistic is nan, "
-                "and a throughput over a duration that is not positive is nan"
+                f"latency_metrics of {what} (duration={duration}) raised {type(e).__name__}: {e}: without samples a "
+                "statistic is nan, and a throughput over a duration that is not positive (0 included) is nan"
             ) from None
-    check_trace([R(1.0, [1.0], finish=1.0)], what="a request whose token came at its arrival (a span of 0)")
 
 
 def random_trace(seed: int) -> list[RequestTrace]:
@@ -333,8 +361,9 @@ def random_trace(seed: int) -> list[RequestTrace]:
         arrival = rng.uniform(0, 5)
         t = arrival + rng.expovariate(4)
         times = []
+        together = rng.random() < 0.3  # a stream whose chunks carry several tokens (gaps of 0)
         for _ in range(rng.randint(0, 12)):
-            t += rng.expovariate(20) + 1e-4
+            t += 0.0 if together and times and rng.random() < 0.5 else rng.expovariate(20) + 1e-4
             times.append(t)
         aborted = not times or rng.random() < 0.2
         finish = (times[-1] if times else arrival) + (rng.expovariate(50) if rng.random() < 0.5 else 0.0)
@@ -351,10 +380,16 @@ def test_trace_random():
 
 
 @settings(max_examples=60, phases=[Phase.explicit, Phase.generate])
-@given(seed=st.integers(0, 2**32 - 1), given_duration=st.booleans())
-def _trace_random(seed, given_duration):
+@given(seed=st.integers(0, 2**32 - 1), duration=st.sampled_from([None, None, 7.5, 0.0, -1.0]))
+def _trace_random(seed, duration):
     trace = random_trace(seed)
-    check_trace(trace, duration=7.5 if given_duration else None, what=f"random trace {seed}", alone=False)
+    try:
+        check_trace(trace, duration=duration, what=f"random trace {seed}", alone=False)
+    except (ZeroDivisionError, ValueError, IndexError) as e:
+        raise AssertionError(
+            f"latency_metrics of random trace {seed} (duration={duration}) raised {type(e).__name__}: {e}: without "
+            "samples a statistic is nan, and a throughput over a duration that is not positive (0 included) is nan"
+        ) from None
 
 
 # ---- Part A: the engine's own trace, through the benchmark ----------------------------------------------------
@@ -419,18 +454,66 @@ def test_engine_trace(tiny_llama):
 def test_param_count():
     """Parameters of the real architectures (transformers' counts: 0.6B tied, 14B/32B/8B untied) and of a
     config with biases."""
-    biased = ModelConfig.from_dict({**KNOWN_CONFIGS["Llama-3.1-8B"], "attention_bias": True, "mlp_bias": True})
-    for name, cfg in [*REAL.items(), ("Llama-3.1-8B with attention and MLP biases", biased)]:
+    llama = KNOWN_CONFIGS["Llama-3.1-8B"]
+    biased = [  # each flag on its own, and both
+        (f"Llama-3.1-8B with {what}", ModelConfig.from_dict({**llama, "attention_bias": a, "mlp_bias": m}))
+        for what, a, m in [("attention biases only", True, False), ("MLP biases only", False, True)]
+    ]
+    biased.append(
+        (
+            "Llama-3.1-8B with attention and MLP biases",
+            ModelConfig.from_dict({**llama, "attention_bias": True, "mlp_bias": True}),
+        )
+    )
+    for name, cfg in [*REAL.items(), *biased]:
         want, got = roof.param_count(cfg), lab.param_count(cfg)
         if want == got:
             continue
         vh = cfg.vocab_size * cfg.hidden_size
         hint = "embedding + layers (projections, biases, two norms, Qwen3's q/k norms) + final norm + untied LM head"
-        if got == want - vh:
+        h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+        attn_b = cfg.num_layers * (cfg.num_heads * d + 2 * cfg.num_kv_heads * d + h)
+        mlp_b = cfg.num_layers * (2 * inter + h)
+        if cfg.attention_bias != cfg.mlp_bias and got in (want + attn_b, want + mlp_b, want - attn_b, want - mlp_b):
+            hint = (
+                "each bias flag on its own: attention_bias adds the q, k, v and o biases, mlp_bias the gate, up "
+                f"and down biases (this config has attention_bias={cfg.attention_bias}, mlp_bias={cfg.mlp_bias})"
+            )
+        elif got == want - vh:
             hint = "an untied LM head is a second vocab x hidden matrix: count it"
         elif got == want + vh:
             hint = "a tied LM head is the embedding table: count it once"
         raise AssertionError(f"param_count of {name}: expected {want:,}, got {got:,}: {hint}")
+
+
+def tp_hint(cfg, b, ctx, kw, gw, gk) -> str:
+    """The tensor-parallel pitfall whose numbers (``gw`` weights, ``gk`` KV bytes) these are, if any."""
+    want = roof.decode_step_bytes(cfg, b, ctx, **kw)
+    whole = roof.decode_step_bytes(cfg, b, ctx, **{**kw, "tp": 1})
+    tp, wb = kw["tp"], kw.get("weight_bytes", 2)
+    kvh, rows = -(-cfg.num_kv_heads // tp), -(-cfg.vocab_size // tp)
+    kv_proj = 2 * cfg.hidden_size * cfg.head_dim * cfg.num_layers * wb  # the k and v projections of one KV head
+    if gw is None or gk is None:
+        return ""
+    if math.isclose(gw, whole.weights / tp) and math.isclose(gk, whole.kv / tp):
+        return (
+            "each part splits on its own, not the whole model divided by tp: num_heads / tp query heads, "
+            f"ceil(num_kv_heads / tp) = {kvh} KV heads (replicated when tp > num_kv_heads), intermediate / tp MLP "
+            f"columns, ceil(vocab / tp) = {rows:,} LM-head rows"
+        )
+    if gk != want.kv and gk == want.kv / kvh * (cfg.num_kv_heads // tp):
+        return (
+            f"ceil(num_kv_heads / tp) KV heads per GPU: {cfg.num_kv_heads} KV heads over {tp} GPUs is {kvh} each "
+            "(a KV head is replicated when tp > num_kv_heads), not a floor"
+        )
+    if gk == want.kv and gw == want.weights - (kvh - cfg.num_kv_heads // tp) * kv_proj:
+        return f"ceil(num_kv_heads / tp) = {kvh} KV heads per GPU, in the k and v projections too (not a floor)"
+    if gk == want.kv and gw == want.weights - (rows - cfg.vocab_size // tp) * cfg.hidden_size * wb:
+        return (
+            f"ceil(vocab / tp) LM-head rows per GPU: a vocabulary of {cfg.vocab_size:,} over {tp} GPUs is {rows:,} "
+            "rows each (the last shard is padded), not a floor"
+        )
+    return ""
 
 
 def check_bytes(name, cfg, b, ctx, **kw):
@@ -443,8 +526,10 @@ def check_bytes(name, cfg, b, ctx, **kw):
     h, kvh = cfg.hidden_size, -(-cfg.num_kv_heads // tp)
     head = -(-cfg.vocab_size // tp) * h * wb
     per_pos = 2 * kvh * cfg.head_dim * kb
-    hint = ""
-    if gk != want.kv:
+    hint = tp_hint(cfg, b, ctx, kw, gw, gk) if tp > 1 else ""  # a part of the tensor-parallel split
+    if hint:
+        pass
+    elif gk != want.kv:
         if gk == want.kv * (cfg.num_heads // tp) / kvh:
             hint = "KV is stored for the KV heads (num_kv_heads), not the query heads (grouped-query attention)"
         elif gk == want.kv / cfg.num_layers:
@@ -456,7 +541,7 @@ def check_bytes(name, cfg, b, ctx, **kw):
         else:
             hint = "KV = batch * context * layers * 2 * KV heads * head_dim * kv_bytes"
             hint += f" ({per_pos * cfg.num_layers} B a position)"
-    else:
+    elif gw != want.weights:
         if gw == want.weights - head:
             hint = "the LM head is read at every step, tied to the embedding or not"
         elif gw == want.weights + head:
@@ -492,10 +577,16 @@ def test_step_bytes_dtypes():
 
 @points(4)
 def test_step_bytes_tp():
-    """Per GPU under tensor parallelism (tp 2, 4, 8: heads, KV heads, MLP columns and LM-head rows split)."""
+    """Per GPU under tensor parallelism (tp 2, 4, 8: heads, KV heads, MLP columns and LM-head rows split),
+    each part on its own: tp 16 over 8 KV heads (one replicated on each GPU), and a vocabulary that
+    tp does not divide (ceil: the last shard is padded)."""
     for tp in (2, 4, 8):
         check_bytes("Qwen3-14B", REAL["Qwen3-14B"], 128, 800, tp=tp)
         check_bytes("Qwen3-32B", REAL["Qwen3-32B"], 64, 4096, tp=tp)
+    check_bytes("Qwen3-32B", REAL["Qwen3-32B"], 32, 2048, tp=16)  # 8 KV heads: replicated
+    odd = ModelConfig.from_dict({**KNOWN_CONFIGS["Llama-3.1-8B"], "vocab_size": 128_257})
+    for tp in (4, 8):
+        check_bytes("Llama-3.1-8B with a vocabulary of 128,257", odd, 64, 1024, tp=tp)
 
 
 @points(3)

@@ -27,11 +27,11 @@ def reference(a: torch.Tensor, b: torch.Tensor) -> int:
     return common_prefix_len(a.tolist(), b.tolist())
 
 
-def _underlying(x: torch.Tensor, n: int) -> list[int] | None:
-    """The ``n`` int64 values from ``x``'s first element on, read as if it were contiguous (None when
-    its storage ends sooner)."""
+def _underlying(x: torch.Tensor, n: int, stride: int = 1) -> list[int] | None:
+    """The ``n`` int64 values from ``x``'s first element on, read with ``stride`` (as if contiguous by
+    default; None when its storage ends sooner)."""
     avail = x.untyped_storage().nbytes() // 8 - x.storage_offset()
-    return torch.as_strided(x, (n,), (1,)).tolist() if 0 <= n <= avail else None
+    return torch.as_strided(x, (n,), (stride,)).tolist() if n == 0 or (n - 1) * stride < avail else None
 
 
 def diagnose(a: torch.Tensor, b: torch.Tensor, got: object, want: int) -> str:
@@ -47,11 +47,30 @@ def diagnose(a: torch.Tensor, b: torch.Tensor, got: object, want: int) -> str:
             "never int or int32_t, for the elements)"
         )
     if not (a.is_contiguous() and b.is_contiguous()):
+        sa, sb = a.stride(0), b.stride(0)
         ra, rb = _underlying(a, la), _underlying(b, lb)
-        if ra is not None and rb is not None and got == common_prefix_len(ra, rb) != want:
+        wrong = lambda x, y: x is not None and y is not None and got == common_prefix_len(x, y) != want  # noqa: E731
+        if a.is_contiguous() != b.is_contiguous() and wrong(ra, rb):
+            which = "b" if a.is_contiguous() else "a"
             return (
-                f"strides: these tensors are not contiguous (strides {a.stride(0)} and {b.stride(0)}) and your "
+                f"strides: {which} is not contiguous (strides {sa} and {sb}) and your kernel read it as if it were: "
+                "each tensor has its own layout, so a contiguous fast path needs both tensors contiguous; element "
+                f"i of {which} is at its data + i * {which}.stride(0)"
+            )
+        if wrong(ra, rb):
+            return (
+                f"strides: these tensors are not contiguous (strides {sa} and {sb}) and your "
                 "kernel read them as if they were; element i is at data + i * stride(0)"
+            )
+        if wrong(a.tolist(), rb) or wrong(ra, b.tolist()):
+            return (
+                f"strides: each tensor has its own layout (strides {sa} and {sb}): a contiguous fast path needs both "
+                "tensors contiguous, and the other one is read with its own stride(0)"
+            )
+        if sa != sb and (wrong(a.tolist(), _underlying(b, lb, sa)) or wrong(_underlying(a, la, sb), b.tolist())):
+            return (
+                f"strides: each tensor has its own stride(0) (here {sa} and {sb}): element i of a is at a's data + "
+                "i * a.stride(0), of b at b's data + i * b.stride(0); one stride was used for both"
             )
     if got > n:
         return (
@@ -83,7 +102,7 @@ def expect(a: torch.Tensor, b: torch.Tensor, why: str, want: int | None = None) 
 
 
 # ---- fixed cases ------------------------------------------------------------------------------------
-@points(8)
+@points(7)
 def test_docstring_examples():
     """The docstring's examples: a mismatch inside both arrays, and one array a prefix of the other."""
     a = t(5, 9, 2, 7, 7, 1)
@@ -149,7 +168,8 @@ def test_large_token_ids():
 
 @points(8)
 def test_strided_views():
-    """Non-contiguous tensors: every second id of a buffer, and a column of a matrix."""
+    """Non-contiguous tensors: every second id of a buffer, a column of a matrix, and two tensors of
+    layouts of their own (one contiguous, the other not; two different strides)."""
     x = torch.arange(0, 40, dtype=torch.int64)
     y = x.clone()
     y[30] = -5  # element 15 of y[::2]
@@ -158,27 +178,79 @@ def test_strided_views():
     m, n = x.view(10, 4), y.view(10, 4).clone()
     n[7, 2] = -1
     expect(m[:, 2], n[:, 2], "column 2 of two 10x4 matrices, differing in row 7", 7)
+    # each tensor has its own stride: two different strides, then one contiguous and the other not
+    w, v = torch.arange(240, dtype=torch.int64), torch.arange(240, dtype=torch.int64)
+    w[1::2] = -1  # w[::2] is 0, 2, 4, ... as v[::2] is: b read with a's stride would match all along
+    expect(w[:80:2], v[:120:3], "stride 2 (0, 2, 4, ...) against stride 3 (0, 3, 6, ...): they differ at element 1", 1)
+    z = torch.arange(0, 80, 2, dtype=torch.int64)  # 0, 2, 4, ...: equal to x[::2] when contiguous
+    expect(z[:20].clone(), y[::2], "a contiguous a against every second id of b; they differ at element 15", 15)
+    expect(y[::2], z[:20].clone(), "every second id of a against a contiguous b; they differ at element 15", 15)
 
 
-@points(5)
-def test_rejects_other_dtypes():
-    """Anything but two 1-D int64 tensors raises ValueError or TypeError (an int32 tensor read as int64
-    would give nonsense)."""
-    x = torch.arange(8, dtype=torch.int64)
-    lab.build()
-    for a, b, what in [
-        (x.to(torch.int32), x.to(torch.int32), "two int32 tensors"),
-        (x.float(), x.float(), "two float32 tensors"),
-        (x.view(2, 4), x.view(2, 4), "two 2-D tensors"),
-    ]:
-        try:
-            got = lab.prefix_len(a, b)
-        except (ValueError, TypeError):
-            continue
+X64 = torch.arange(8, dtype=torch.int64)
+
+
+def _wide(dtype: torch.dtype) -> torch.Tensor:
+    """8 elements of ``dtype`` whose buffer holds at least 8 int64s: a kernel that reads it as int64
+    (the bug under test) stays inside its memory."""
+    return torch.arange(16, dtype=dtype)[:8]
+
+
+def expect_rejected(a: torch.Tensor, b: torch.Tensor, what: str, hint: str) -> None:
+    try:
+        got = lab.prefix_len(a, b)
+    except (ValueError, TypeError):
+        return
+    except Exception as e:  # noqa: BLE001  (what the kernel raised instead is the message)
         raise AssertionError(
-            f"prefix_len of {what} returned {got!r} instead of raising ValueError or TypeError: dtype: check "
-            "a.dtype() == DLDataType{kDLInt, 64, 1} (and ndim() == 1) and TVM_FFI_THROW(TypeError) otherwise"
-        )
+            f"prefix_len of {what} raised {type(e).__name__} ({str(e).splitlines()[0][:120]}) instead of ValueError "
+            f"or TypeError: {hint}"
+        ) from None
+    raise AssertionError(f"prefix_len of {what} returned {got!r} instead of raising ValueError or TypeError: {hint}")
+
+
+@points(3)
+def test_rejects_other_dtypes():
+    """Anything but int64 raises ValueError or TypeError (an int32 tensor read as int64 gives nonsense),
+    checked for each tensor on its own, on the whole dtype, and before any shortcut."""
+    lab.build()
+    dtype = "check a.dtype() == DLDataType{kDLInt, 64, 1} and TVM_FFI_THROW(TypeError) otherwise"
+    each = "dtype: each tensor is checked on its own, a and b (is your check looking at one of them only?)"
+    for a, b, what, hint in [
+        (_wide(torch.int32), _wide(torch.int32), "two int32 tensors", f"dtype: {dtype}"),
+        (_wide(torch.float32), _wide(torch.float32), "two float32 tensors", f"dtype: {dtype}"),
+        (_wide(torch.int32), X64, "an int32 a (b is int64)", each),
+        (X64, _wide(torch.int32), "an int32 b (a is int64)", each),
+        (
+            X64.double(),
+            X64.double(),
+            "two float64 tensors (64 bits, but not integers)",
+            "dtype: compare the whole DLDataType (type code kDLInt, 64 bits, 1 lane), not its bits alone",
+        ),
+        (
+            torch.empty(0, dtype=torch.int32),
+            X64,
+            "an empty int32 a",
+            "check the inputs first, before a shortcut for empty arrays: an empty int32 tensor is still not int64",
+        ),
+    ]:
+        expect_rejected(a, b, what, hint)
+
+
+@points(3)
+def test_rejects_other_shapes():
+    """Anything but 1-D raises ValueError or TypeError: 2-D and 0-D tensors, each tensor on its own."""
+    lab.build()
+    each = "ndim: each tensor is checked on its own, a and b (is your check looking at one of them only?)"
+    zero = "ndim: a 0-D tensor has no size(0); check ndim() == 1 (not ndim() <= 1) before reading its size"
+    for a, b, what, hint in [
+        (X64.view(2, 4), X64.view(2, 4), "two 2-D tensors", "ndim: check a.ndim() == 1 and b.ndim() == 1"),
+        (X64.view(2, 4), X64, "a 2-D a (b is 1-D)", each),
+        (X64, X64.view(2, 4), "a 2-D b (a is 1-D)", each),
+        (torch.tensor(5), X64, "a 0-D a (b is 1-D)", zero),
+        (X64, torch.tensor(5), "a 0-D b (a is 1-D)", zero),
+    ]:
+        expect_rejected(a, b, what, hint)
 
 
 # ---- random arrays ----------------------------------------------------------------------------------
@@ -194,11 +266,12 @@ def random_pair(rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, str]:
         b[shared] = a[shared] ^ ((1 << 40) if wide else 1)
     ta, tb = torch.tensor(a, dtype=torch.int64), torch.tensor(b, dtype=torch.int64)
     layout = rng.choice(["contiguous", "strided", "view of a longer buffer"])
-    if layout == "strided":
-        step = rng.choice([2, 3])
-        sa, sb = torch.full((la * step,), -7, dtype=torch.int64), torch.full((lb * step,), -7, dtype=torch.int64)
-        sa[::step], sb[::step] = ta, tb
-        ta, tb = sa[::step], sb[::step]
+    if layout == "strided":  # each its own stride (1 for one of them at times)
+        step_a, step_b = rng.choice([[2, 2], [3, 3], [1, 2], [2, 1], [2, 3], [3, 1]])
+        sa, sb = torch.full((la * step_a,), -7, dtype=torch.int64), torch.full((lb * step_b,), -7, dtype=torch.int64)
+        sa[::step_a], sb[::step_b] = ta, tb
+        ta, tb = sa[::step_a], sb[::step_b]
+        layout = f"strides {step_a} and {step_b}"
     elif layout == "view of a longer buffer":  # the shorter one continues like the longer one
         short, long = (ta, tb) if la <= lb else (tb, ta)
         short = torch.cat([short, long[len(short) :]])[: len(short)]

@@ -200,9 +200,9 @@ def check_embedding(rank: int, world: int) -> None:
     def summed(lookup: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         return sum(lookup(r, s) for r, s in enumerate(shards))
 
-    def masked(r: int, s: torch.Tensor, shift: bool = True, zero: bool = True) -> torch.Tensor:
+    def masked(r: int, s: torch.Tensor, shift: bool = True, zero: bool = True, low: int = 0) -> torch.Tensor:
         lo = ids - r * local if shift else ids
-        inside = (lo >= 0) & (lo < local)
+        inside = (lo >= low) & (lo < local)
         rows = s[torch.where(inside, lo, 0)]
         return rows * inside.unsqueeze(-1) if zero else rows
 
@@ -216,6 +216,11 @@ def check_embedding(rank: int, world: int) -> None:
             "out-of-range rows not zeroed (another rank's ids read this rank's row 0)",
             "zero the rows of the ids this rank does not own before the all-reduce",
             lambda: summed(lambda r, s: masked(r, s, zero=False)),
+        ),
+        Pitfall(
+            "the first id of each rank's range (id == start) treated as another rank's: its row came out zero",
+            "an id is this rank's when 0 <= id - start < local_vocab (>= 0, not > 0)",
+            lambda: summed(lambda r, s: masked(r, s, low=1)),
         ),
         Pitfall(
             "the all-reduce missing (each rank has only its own ids' rows)",

@@ -1,9 +1,11 @@
 """Lab 02: the sampler, from logits to tokens.
 
-You implement ``LabSampler``, a ``Sampler`` (read ``minisgl/engine/sample.py`` first: the ABC, its
-contract and ``SamplingInfo``, the per-row parameters of one batch), and the four functions it is
-made of. One call samples a whole batch, each row with its own temperature, top-k, top-p, seed
-and step. Shapes: ``logits`` is ``[B, V]``; every per-row tensor is ``[B]``.
+You implement ``LabSampler``, a ``Sampler`` (the interface, imported below: its docstring states the
+seam's contract, and ``SamplingInfo`` holds the per-row parameters of one batch), and the four functions
+it is made of. Write them here: the engine's own sampler and filters are off limits (a lab that
+subclasses, aliases or calls them is graded 0). One call samples a whole batch, each row with its
+own temperature, top-k, top-p, seed and step. Shapes: ``logits`` is ``[B, V]``; every per-row tensor
+is ``[B]``.
 
 Contract (what the autograder checks):
 
@@ -32,7 +34,9 @@ Why one rule, and not "any correct sampler": the uniform of row ``r`` is a pure 
 ``(seed, step)``, so with the same rule your tokens are the engine's token for token, a seeded
 request gives the same tokens in any batch, and the grader can check every single draw. The grader
 computes each row's CDF in float64 and accepts a token whose interval ``[cdf[i-1], cdf[i]]`` holds
-``u * total`` up to 1e-5 (float32 rounding done in another order is fine). Its statistical tests
+``u * total`` up to 1e-5 (float32 rounding done in another order is fine); on rows of equally likely
+tokens, whose probabilities and sums are exact, it wants the rules themselves, ``>=`` and ``<`` as
+written above. Its statistical tests
 (total variation distance between your tokens over thousands of seeds and the exact distribution)
 pass for any sampler of the right distribution, so they tell a wrong distribution from a wrong draw.
 
@@ -43,16 +47,20 @@ Pitfalls the grader recognises (its messages name them):
 * top-k: ``k + 1`` tokens kept (an off-by-one in the rank); ties with the ``k``-th logit dropped
   (``torch.topk``'s indices keep exactly ``k``); one ``k`` (the first row's, or the largest) for the
   whole batch instead of each row's own;
-* top-p: the crossing token dropped (keeping ``cumsum < p`` gives an empty set for a small ``p``);
+* top-p: the crossing token dropped (keeping ``cumsum < p`` gives an empty set for a small ``p``), or
+  a token kept whose mass before it is exactly ``p`` (``<=`` for ``<``);
   tokens dropped at ``p = 1`` (the float32 mass before them rounds to 1.0); top-p computed before
   the temperature, or on the whole distribution instead of what top-k kept;
 * masking by arithmetic (``logits * keep``): ``0 * -inf`` is ``NaN``;
+* draw: ``exp()`` without ``softmax``'s subtraction of the row's maximum (it overflows float32 past
+  88); ``u`` not scaled by the CDF's total; ``cdf[i] > u * total`` for ``>=`` (``searchsorted`` with
+  ``right=True``);
 * greedy rows sampled; the step index ignored (every step draws the same ``u``); one random
   generator for the batch, or the row index as the seed (a row's token then depends on its
   neighbours: not batch-invariant, and tensor-parallel ranks would need to agree on the batch).
 
-Grading: ``python -m autograder lab02`` runs fixed cases and random batches against the engine's
-``filter_logits`` and draw rule, statistical tests, and then the engine (``minisgl.LLM``) with
+Grading: ``python -m autograder lab02`` runs fixed cases and random batches against the engine's own
+filters and draw rule, statistical tests, and then the engine (``minisgl.LLM``) with
 ``components={"sampler": "lab02"}``: seeded sampled requests must give the reference engine's tokens,
 alone and inside a batch.
 """

@@ -1,17 +1,19 @@
 """Lab 06: a radix prefix cache.
 
 You implement ``RadixCache``, a ``PrefixCache`` (read ``minisgl/kvcache/base.py`` first: it is the
-interface the scheduler calls). The cache is a compressed trie over token ids; each node's
-``key`` is a run of tokens and its ``value`` the KV slots of exactly those tokens::
+interface the scheduler calls). Write it here: the engine's own radix cache is off limits (a lab
+that derives from, calls or aliases it scores 0). The cache is a compressed trie over token ids;
+each node's ``key`` is a run of tokens and its ``value`` the KV slots of exactly those tokens::
 
     root ─ [1 2 3 4] ─┬─ [5 6]          match_prefix([1 2 3 4 5 6 9]) -> length 6
                       └─ [7 8 9]        match_prefix([1 2 7])         -> length 3 (split [7 8 9])
 
 Contract, beyond ``base.py`` (the grader compares every result with the engine's cache):
 
-* **Pages.** With ``page_size > 1`` only whole pages are cached: token lists are cut to
-  ``aligned(len)``, keys and matched lengths are multiples of ``page_size``, and a node's children
-  are indexed by their first *page* (``child_key``), not their first token.
+* **Pages.** With ``page_size > 1`` (any size, not only powers of two) only whole pages are
+  cached: token lists are cut to ``aligned(len)``, keys and matched lengths are multiples of
+  ``page_size``, and a node's children are indexed by their first *page* (``child_key``), not
+  their first token.
 * **Split on match.** When a match (in ``match_prefix`` or ``insert``) ends inside a node's key,
   split that node so the match ends exactly at a node: the upper part keeps the first ``n`` tokens
   and inherits the node's ``ref`` and ``last_access``. The returned handle is that node, so a lock
@@ -19,21 +21,25 @@ Contract, beyond ``base.py`` (the grader compares every result with the engine's
 * **Locks.** ``lock(handle)`` adds one to ``ref`` of the handle's node and every ancestor below the
   root; ``unlock`` undoes it and raises ``RuntimeError`` when a ``ref`` would go below zero. A
   node with ``ref > 0`` is protected, one with ``ref == 0`` evictable; keep ``num_evictable`` and
-  ``num_protected`` (slot counts) up to date as nodes move between the two.
+  ``num_protected`` (slot counts) up to date as nodes move between the two (each node when its
+  own ``ref`` goes 0 -> 1 or 1 -> 0).
 * **LRU clock.** ``match_prefix`` and ``insert`` stamp every node on the path from the deepest
   node they reached up to the root with a fresh clock value (``touch``); ``insert`` then stamps
   the new leaf with another fresh value.
 * **Ownership.** ``insert`` keeps its own copy of the slots it takes: the caller goes on using the
   tensor it passed (the engine reuses a request's page-table row), so a slice of it would change.
 * **Eviction.** ``evict(n)`` removes unlocked leaves, oldest ``last_access`` first; a parent
-  left with no children and ``ref == 0`` becomes a candidate too. Stop as soon as at least ``n``
-  slots are freed and return the freed slots (int64). ``n <= 0`` frees nothing; ``n`` larger than
-  ``num_evictable`` raises ``ValueError``.
+  left with no children and ``ref == 0`` becomes a candidate too (ordered by its own
+  ``last_access`` among the others). Stop as soon as at least ``n`` slots are freed and return the
+  freed slots (int64). ``n <= 0`` frees nothing; ``n`` larger than ``num_evictable`` raises
+  ``ValueError`` (``n == num_evictable`` frees everything).
 
 Pitfalls the grader recognises (its messages name them):
 
 * pages: a matched length that is not a whole number of pages (round the shared length down with
-  ``aligned``); the unaligned tail of ``insert``'s tokens kept;
+  ``aligned``); the unaligned tail of ``insert``'s tokens kept; a bit mask that rounds to a page
+  only when ``page_size`` is a power of two;
+* ownership: a slice (a view) of the caller's ``indices`` kept instead of a copy;
 * splits: a match ending inside a node that does not split it (a lock would then protect the whole
   node); an upper part that does not inherit ``ref`` (a lock taken before the split then covers
   only the lower part, and its ``unlock`` finds a ``ref`` of 0);
@@ -43,11 +49,12 @@ Pitfalls the grader recognises (its messages name them):
   prefix that was already cached (the caller frees exactly those duplicate slots);
 * eviction: the most recently used leaf first instead of the least; a locked leaf evicted; a parent
   left with no children (and no lock) not becoming a candidate, so ``evict`` stops short or
-  fails; nothing freed at all.
+  fails, or becoming one out of LRU order; ``n == num_evictable`` refused; nothing freed at all.
 
-Grading: ``python -m autograder lab06`` runs fixed cases and random operation sequences against
-``minisgl.kvcache.RadixPrefixCache``, then runs the engine with ``cache_type=<your cache>`` at
-page sizes 1 and 4 and checks the generated tokens and the cache hits equal the reference.
+Grading: ``python -m autograder lab06`` runs fixed cases and random operation sequences (page
+sizes 1 to 4; the caller overwrites the tensor it passed to ``insert``) against the engine's
+cache, then runs the engine with ``cache_type=<your cache>`` at page sizes 1 and 4 and checks the
+generated tokens and the cache hits equal the reference.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """Lab 07: the chunking policy.
 
-You implement ``BudgetChunking``, a ``ChunkingPolicy`` (read ``minisgl/scheduler/chunking.py`` first:
-the interface, and where the scheduler calls it). A prefill batch computes at most a budget of new
-tokens; a prompt that does not fit in what is left of it is *cut*: its first chunk runs now, the rest in
-later batches. The KV of a chunk stays in the pool, so the next chunk starts at ``req.cached_len`` and
-attends to the earlier ones as a cached prefix. Between two chunks the running requests decode once, so
-a long prompt pauses their streams for one chunk at a time, not for the whole prompt::
+You implement ``BudgetChunking``, a ``ChunkingPolicy`` (the interface, ``minisgl.scheduler.ChunkingPolicy``:
+three abstract methods; the scheduler asks ``budget`` in ``PrefillManager.schedule``, ``extend_end`` in
+``AdmissionContext.add_extend`` and ``decode_first`` in ``Scheduler.schedule``). A prefill batch computes at
+most a budget of new tokens; a prompt that does not fit in what is left of it is *cut*: its first chunk runs
+now, the rest in later batches. The KV of a chunk stays in the pool, so the next chunk starts at
+``req.cached_len`` and attends to the earlier ones as a cached prefix. Between two chunks the running
+requests decode once, so a long prompt pauses their streams for one chunk at a time, not for the whole
+prompt::
 
     budget 8, a 20-token prompt arrives while requests A and B decode:
     batch 1: prefill  [prompt 0 ...... 8 ✂]      extend_end(req, 8)  -> 8   (cached_len 0)
@@ -18,8 +20,9 @@ The scheduler owns every counter: the policy only answers three questions, each 
 the request's own lengths (never from state it keeps itself: a retracted request starts over, and
 tensor-parallel ranks must all decide alike).
 
-Contract (the grader compares every answer with the engine's own policy, ``GreedyChunking``, which keeps
-the interface's ``budget`` and ``decode_first``):
+Contract (the grader compares every answer with the engine's own policy, ``GreedyChunking``; derive from
+``ChunkingPolicy`` and write all three methods here: a class that derives from, calls or aliases the
+engine's policy scores 0):
 
 * ``budget(busy, idle, num_decoding)``: the new tokens the next prefill batch may compute. ``busy``
   (``max_prefill_length``) while any request decodes (``num_decoding > 0``: each of them waits for this
@@ -46,7 +49,9 @@ Pitfalls the grader recognises (its messages name them):
 * never reaching ``device_len`` (the request never samples its first token);
 * ``prompt_len`` instead of ``device_len`` (a retracted request must prefill its outputs too);
 * no decode step between two chunks (the running streams stall for the whole prompt), a decode step
-  before every prefill (waiting requests starve while others decode), or one when nothing can decode.
+  before every prefill (waiting requests starve while others decode), or one when nothing can decode;
+* progress kept in the policy (where it cut each request): a retracted request starts over from its
+  ``req.cached_len``, which a policy's own record no longer matches.
 
 Grading: ``python -m autograder lab07`` checks each method on fixed cases, random workloads on the real
 scheduler (a model-free engine) batch by batch against ``GreedyChunking``, then the real engine with

@@ -1,8 +1,9 @@
 """Lab 08: the overlap loop.
 
-You implement ``OverlapLoop``, a ``SchedulerLoop`` (read ``minisgl/scheduler/loop.py`` first: the
-``Phases`` it drives and the plain loop, which runs them in order). A step of the plain loop plans,
-launches and processes one batch, so the device idles while the host plans and processes::
+You implement ``OverlapLoop``, a ``SchedulerLoop`` (the interface, ``minisgl.scheduler.loop.SchedulerLoop``:
+``step()`` and ``in_flight``; it drives the scheduler's ``Phases``, the protocol next to it). The engine's
+plain loop runs the phases in order: a step plans, launches and processes one batch, so the device idles
+while the host plans and processes::
 
     plain    host:   sched₁ launch₁ wait···· process₁ | sched₂ launch₂ wait···· process₂ | ...
              device:                fwd₁····          |               fwd₂····
@@ -14,7 +15,8 @@ results of the previous one, so the host's work hides behind the device's::
              device:        fwd₁··········|········ fwd₂·················|········ fwd₃···
 
 Contract (the grader runs your loop on a recording stand-in for the scheduler, then inside the real
-engine, against the plain loop's tokens):
+engine, against the plain loop's tokens; derive from ``SchedulerLoop`` and write ``step`` and ``in_flight``
+here: a class that derives from, calls or aliases the engine's ``OverlapLoop`` or ``PlainLoop`` scores 0):
 
 * **One step.** ``sched.schedule()`` first: the next batch, planned from the state the previous
   batches left (the scheduler advances a request's counters when it prepares a batch, so batch
@@ -42,9 +44,12 @@ Pitfalls the grader recognises (its messages name them):
 * processing a batch in the same step that launched it (that is the plain loop: nothing overlaps);
 * processing before ``schedule()`` or before ``launch`` of the next batch (the device idles while the
   host works; before launch, a finished request's memory is freed while the next batch still uses it);
+* waiting for or processing the pending batch before ``to_host`` of the new one (its copy then overlaps
+  nothing, and the next step waits for all of it);
 * processing one step late (two batches pending), or the newest pending batch first;
 * never draining the last batch when ``schedule()`` returns None, or dropping its tokens;
-* processing without ``wait`` (on a GPU the host copy may not have landed yet);
+* processing without ``wait`` (on a GPU the host copy may not have landed yet), waiting on another batch's
+  copy (the one just launched), or processing ``launch``'s device tensor instead of the host copy;
 * calling ``prepare``/``launch`` with None; ``in_flight`` that does not say whether a batch is
   pending; processing a batch twice.
 

@@ -10,7 +10,8 @@ torch tensors, which reach C++ through DLPack without a copy (``tvm::ffi::Tensor
     b = [5 9 2 4]          prefix_len(a, b) -> 3      (a[:3] == b[:3], a[3] != b[3])
     b = [5 9]              prefix_len(a, b) -> 2      (no mismatch: the shorter length)
 
-Contract (the grader compares every result with ``minisgl.kvcache.radix.common_prefix_len``):
+Contract (the grader compares every result with the engine's Python compare on lists; the engine's
+own compare is off limits here: a lab that aliases or calls it is graded 0):
 
 * ``cpp_source()`` returns the C++ source text: ``CPP_HEADER`` followed by your function
   ``int64_t prefix_len(tvm::ffi::TensorView a, tvm::ffi::TensorView b)``.
@@ -25,7 +26,8 @@ Contract (the grader compares every result with ``minisgl.kvcache.radix.common_p
   reads the tensors in place: no copy, no conversion (the grader times it against the Python
   compare: at least 5x faster on 32k tokens). Anything but two 1-D int64 tensors raises
   ``ValueError`` or ``TypeError`` (``TVM_FFI_THROW(ValueError) << "..."`` raises a Python
-  ``ValueError``).
+  ``ValueError``): each tensor is checked on its own (its ndim, and its whole dtype: type code,
+  bits and lanes), before anything else (an empty int32 tensor raises too).
 * The engine's radix cache keeps its keys as lists; the grader's swap-in converts both keys to
   int64 tensors and calls your ``prefix_len`` from ``RadixPrefixCache.prefix_len`` (lesson 13
   measures what that conversion costs).
@@ -41,10 +43,11 @@ Pitfalls the grader recognises (its messages name them):
   that is not its data, and may even continue the match;
 * int32 token ids: comparing through ``int`` or ``int32_t`` truncates ids above 2^31, and ids that
   differ only in their high bits compare equal;
-* strides: assuming a contiguous tensor (``x[::2]`` then reads the wrong elements);
+* strides: assuming a contiguous tensor (``x[::2]`` then reads the wrong elements), or that both
+  tensors share one layout (each has its own ``stride(0)``; a contiguous fast path needs both);
 * no mismatch: the answer is the shorter length, not 0 or -1 (a "not found" sentinel) nor the longer
   length;
-* dtype: an int32 tensor read as int64 (check the dtype and raise);
+* dtype: an int32 tensor read as int64 (check the dtype of each tensor and raise);
 * speed: a Python loop or ``.tolist()`` inside ``prefix_len`` (correct, but no faster than Python);
 * a C++ compile error: the grader shows the compiler's first error lines.
 

@@ -1,9 +1,10 @@
 """Lab 01: the building blocks of the decoder forward pass.
 
-You implement five functions; the engine's versions live in ``minisgl/layers/`` (``norm.py``,
-``rotary.py``, ``activation.py``) and ``minisgl/attention/torch_backend.py``. Every function works
-on the engine's *flat* layout: the tokens of all requests of a batch back to back, so a
-``[num_tokens, num_heads, head_dim]`` tensor has no batch dimension.
+You implement five functions, which the engine calls through its seams (the ``NORMS``, ``ROTARIES``
+and ``ACTIVATIONS`` registries of ``minisgl.layers``, and an attention backend). Write them here: the
+engine's own versions and its C++ kernels are off limits (a lab that aliases or calls them is graded
+0). Every function works on the engine's *flat* layout: the tokens of all requests of a batch back
+to back, so a ``[num_tokens, num_heads, head_dim]`` tensor has no batch dimension.
 
 Contract (what the autograder checks):
 
@@ -31,7 +32,8 @@ Contract (what the autograder checks):
 
 Pitfalls the grader recognises (and names in its message when your output is one of them):
 
-* RMSNorm: ``eps`` left out or outside the square root; the mean of squares (or the whole norm)
+* RMSNorm: ``eps`` left out or outside the square root; one mean of squares for the whole tensor
+  instead of each row's (the last dim only); the mean of squares (or the whole norm)
   computed in bfloat16 / float16 (``x**2`` even overflows float16 past 256); the weight multiplied
   in float32 with a single cast at the end (the other order); the ``rsqrt`` factor cast back to
   ``x.dtype`` before it multiplies ``x`` (too early).
@@ -40,7 +42,10 @@ Pitfalls the grader recognises (and names in its message when your output is one
   instead of ``(x[i], x[i + d/2])``; the sign of ``sin`` flipped (rotating backwards).
 * attention: no causal mask; the mask offset forgotten (queries taken as positions ``0 .. T-1``
   instead of ``S - T .. S - 1``); query head ``h`` paired with KV head ``h % KV`` (``repeat``)
-  instead of ``h // (H // KV)`` (``repeat_interleave``); the scores or the softmax in bfloat16.
+  instead of ``h // (H // KV)`` (``repeat_interleave``); the scores or the softmax in bfloat16, or
+  the probabilities cast to ``q.dtype`` before ``@ v`` (HF's eager order); ``1 / sqrt(head_dim)``
+  instead of the ``scale`` argument; ``exp()`` without subtracting each row's maximum (scores above
+  88 overflow float32); a mask that hides a query's own key (``<`` for ``<=``).
 * SwiGLU: ``silu`` applied to the second half (``up``) instead of the first (``gate``).
 
 Grading: ``python -m autograder lab01``. Besides unit tests against the engine on fixed and

@@ -1,8 +1,9 @@
 """Lab 03: paged KV memory, the page allocator and the request table.
 
-You implement the two bookkeeping parts of the engine's KV memory (read
-``minisgl/kvcache/allocator.py`` and ``minisgl/kvcache/table.py`` first: their interfaces are what
-the scheduler calls):
+You implement the two bookkeeping parts of the engine's KV memory, behind the interfaces the scheduler
+calls, ``PageAllocator`` and ``ReqTable`` (imported below; their docstrings say what a caller relies on,
+and the engine's own implementations of them are off limits: a lab that subclasses, aliases or calls
+them is graded 0):
 
 * ``Allocator``, a ``PageAllocator``: which of the pool's pages ``[0, num_pages)`` are free;
 * ``RequestTable``, a ``ReqTable``: one row per running request, mapping each of its token
@@ -12,8 +13,8 @@ the scheduler calls):
                  [0 1 2 3]   [4 5 6 7]   [8 9 10 11] [12 13 14 15]
     page_table[row r] = [8 9 10 11 | 0 1 2 3 | ...]   positions 0..7 of request r live in pages 2, 0
 
-Contract (the grader compares every result with the engine's ``FreeListAllocator`` and
-``TensorReqTable``, and with a simple model of both):
+Contract (the grader compares every result with the engine's own allocator and table, and with a
+simple model of both):
 
 **Allocator**
 
@@ -37,9 +38,10 @@ Contract (the grader compares every result with the engine's ``FreeListAllocator
   (never handed out, already freed, the dummy row, or any other number).
 * ``map_pages(rows, starts, ends, pages)``: request ``rows[i]`` gets positions ``[starts[i],
   ends[i])`` (both multiples of ``page_size``, possibly equal), taking its pages in order from
-  ``pages``, request after request: position ``pos`` of a request lands in the page ``k`` places
-  into its share of ``pages`` where ``k = (pos - starts[i]) // page_size``, at slot
-  ``page * page_size + pos % page_size``. Pages need not be consecutive.
+  ``pages``, request after request (``rows[0]``'s share first, then ``rows[1]``'s, ...): position
+  ``pos`` of a request lands in the page ``k`` places into its share of ``pages`` where
+  ``k = (pos - starts[i]) // page_size``, at slot ``page * page_size + pos % page_size``. Pages need
+  not be consecutive.
 * ``set_slots(row, start, slots)``: positions ``[start, start + len(slots))`` of ``row`` point at
   ``slots`` (the prefix cache's slots of a matched prefix); no other position changes.
 * ``slots(row, start, end)`` and ``slots_at(rows, positions)`` read the table back: int64 tensors on
@@ -57,9 +59,12 @@ Pitfalls the grader recognises (its messages name them):
   that changes some state before it raises; freed pages that never come back (``num_free`` too low);
 * table: ``map_pages`` that ignores ``page_size`` (slot = page instead of ``page * page_size +
   offset``), or keeps counting the offset past the end of a page (that assumes consecutive pages),
-  or gives every request the first pages of ``pages`` instead of taking them request after request;
+  or takes the offset as ``pos & (page_size - 1)`` (right for powers of two only), or gives every
+  request the first pages of ``pages`` instead of taking them request after request (in the order of
+  ``rows``, not sorted by row number);
   ``set_slots`` writing one position off; ``slots`` returning int32; the dummy row handed out as a
-  request's row, or not filled everywhere; ``free_row`` that does not check its row.
+  request's row, or not filled everywhere; ``free_row`` that does not check its row (``-1`` indexes a
+  Python list from its end: it would free the last row).
 
 Grading: ``python -m autograder lab03`` runs fixed cases, random operation sequences (hypothesis
 state machines) against a model of each part, then runs the engine on your allocator and table

@@ -3,6 +3,8 @@
 You implement ``PagedAttentionBackend``, an ``AttentionBackend`` (read ``minisgl/attention/base.py``
 first: it is the interface the engine calls). The engine creates it once with the KV pool and the
 request table; per batch it calls ``prepare_metadata(batch)`` once, then ``forward`` in every layer.
+Write it here: the engine's own backends and its paged decode kernels are off limits (a lab that
+derives from, calls or aliases them scores 0).
 
 A batch is ragged: request ``i`` (request-table row ``batch.reqs[i].table_idx``) extends positions
 ``[starts[i], ends[i])``; positions ``[0, starts[i])`` are its cached prefix, whose K/V are already
@@ -42,18 +44,21 @@ Pitfalls the grader recognises (its messages name them):
 
 * the mask: positions counted from the first new token instead of from 0 (forgetting the cached
   prefix: ``p = starts[i] + t``); ``<`` instead of ``<=`` (a token must see itself); a decode row
-  that sees only its new token, or that also sees the padding past its request's end;
+  that sees only its new token, or that also sees the padding past its request's end (key
+  ``ends[i]`` included); the decode shortcut taken when only some requests extend one token;
 * the metadata: key positions used as slots (read the page table), or one batch's metadata kept
   and reused for the next;
 * the math: query head ``h`` reading KV head ``h % kv_heads`` instead of ``h // group``; a scale
-  other than ``scale`` (``1/sqrt(D)``); the softmax in bfloat16;
+  other than ``scale`` (``1/sqrt(D)``); the softmax in bfloat16, or ``q * scale`` computed in
+  bfloat16 (exact only while the scale is a power of two);
 * ``forward``: attending before storing the new K/V (the batch's tokens then read stale slots).
 
 Grading: ``python -m autograder lab04`` checks ``key_mask`` on fixed and random batches, the
-metadata, the attention math in float32 and bfloat16 against an exact oracle, the whole backend
-against ``TorchBackend`` on ragged batches (cached prefixes, decode rows, page sizes 1 and 16,
-grouped-query attention), then runs the engine with ``attention_backend=<your backend>`` and
-checks its greedy tokens equal the reference engine's.
+metadata, the attention math in float32 and bfloat16 (head_dim 16 and 32) against an exact
+oracle, the whole backend against ``TorchBackend`` on ragged batches (cached prefixes, decode
+rows, extends on page boundaries, page sizes 1 and 16, grouped-query attention), then runs the
+engine with ``attention_backend=<your backend>`` and checks its greedy tokens equal the reference
+engine's.
 """
 
 from __future__ import annotations

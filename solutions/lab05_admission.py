@@ -1,11 +1,14 @@
 """Lab 05: the admission policy.
 
-You implement ``FairAdmission``, an ``AdmissionPolicy`` (read ``minisgl/scheduler/admission.py``
-first: the interface and the ``AdmissionContext`` it is handed). Before each prefill batch the
-scheduler calls ``admit(waiting, ctx)``; every request your policy admits through ``ctx.admit``
-starts in that batch. Yours reserves each request's whole ``max_tokens`` (as the engine's
-``reserve-all``) but, unlike it, lets small requests go past a big one that does not fit, with aging
-so that the big one is not starved::
+You implement ``FairAdmission``, an ``AdmissionPolicy`` (the interface, imported below; this
+docstring states its contract) that is handed an ``AdmissionContext`` (its methods are the ones
+named below: ``match``, ``unmatch``, ``pages_needed``, ``available_pages``, ``reserved_pages``,
+``has_room``, ``waits_for_batch_prefix``, ``admit``). Write all three methods here: the engine's own
+policies and the interface's default ``reserved_len`` are off limits (a lab that derives from, calls
+or aliases them scores 0). Before each prefill batch the scheduler calls ``admit(waiting, ctx)``;
+every request your policy admits through ``ctx.admit`` starts in that batch. Yours reserves each
+request's whole ``max_tokens`` (as the engine's ``reserve-all``) but, unlike it, lets small
+requests go past a big one that does not fit, with aging so that the big one is not starved::
 
     waiting:  A(fits)  B(too big)  C(fits)  D(fits)  E(fits)
     admit:    A        skip: B     C        D        stop: B was passed AGING times (here 2; the lab's is 4)
@@ -35,6 +38,9 @@ Contract (the grader compares every decision with a reference policy on the same
 Pitfalls the grader recognises (its messages name them):
 
 * reserving only the prompt (the outputs then run out of memory, and the scheduler must retract);
+* the reservation counted in tokens instead of pages, or a partial last page not counted (with
+  pages of several tokens: use ``ctx.pages_needed``); ``<`` where ``<=`` belongs (a request that
+  needs exactly the pages left fits);
 * ignoring ``ctx.reserved_pages`` (memory promised to running requests is promised twice: over-commit);
 * reading ``available_pages()`` before ``ctx.match`` (the matched prefix is counted both as available
   and as already held: over-commit), or checking the memory before matching at all (a request that
@@ -42,11 +48,13 @@ Pitfalls the grader recognises (its messages name them):
 * a refused request not unmatched (its prefix stays locked: never evictable, a leaked lock);
 * admitting past ``ctx.has_room``: past the token budget, or with no table row left;
 * stopping at the first request that does not fit (head-of-line blocking), skip-ahead without aging
-  (a big request starves behind a stream of small ones), or admitting out of arrival order.
+  (a big request starves behind a stream of small ones), aging on the sum of the passed-over
+  counts instead of each request's own, or admitting out of arrival order.
 
 Grading: ``python -m autograder lab05`` runs fixed scheduler states against the reference, random
-workloads on the real scheduler (a model-free engine, small KV pools, ``debug_checks=True``), then
-the real engine with ``components={"admission": "lab05"}`` on a tiny model.
+workloads on the real scheduler (a model-free engine, small KV pools of 1-, 2- and 4-token pages,
+``debug_checks=True``), then the real engine with ``components={"admission": "lab05"}`` on a tiny
+model.
 """
 
 from __future__ import annotations

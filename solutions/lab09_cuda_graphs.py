@@ -1,10 +1,11 @@
 """Lab 09: the CUDA-graph plan: which batch sizes to capture, a batch's bucket, and its padding.
 
-You implement ``PaddedPlan``, a ``GraphPlan`` (read ``minisgl/engine/graph.py`` first: the interface,
-``GraphInputs`` and the ``GraphRunner`` that calls it). A CUDA graph replays the kernels it recorded for
-one batch size, reading its inputs from static buffers (fixed addresses). So the engine captures a few
-sizes; a decode batch of ``n`` requests runs in the graph of the smallest captured size ``bs >= n``, and
-its ``bs - n`` extra rows are padding that must never touch a request's KV::
+You implement ``PaddedPlan``, a ``GraphPlan`` (the interface, ``minisgl.engine.graph.GraphPlan``: three
+abstract methods; ``GraphInputs``, the four buffers ``pad`` fills; ``GraphRunner.replay`` calls ``bucket`` and
+``pad`` for every decode batch). A CUDA graph replays the kernels it recorded for one batch size, reading
+its inputs from static buffers (fixed addresses). So the engine captures a few sizes; a decode batch of
+``n`` requests runs in the graph of the smallest captured size ``bs >= n``, and its ``bs - n`` extra rows
+are padding that must never touch a request's KV::
 
     sizes (max_bs = 40):  1  2  4  8  16  32  40
     a batch of 5       -> bucket 8: rows 0-4 are the batch's, rows 5-7 padding
@@ -17,7 +18,8 @@ The pool's last page is scratch (no request ever owns it) and the request table'
 every position to it: a padding row writes its K/V there and attends only to it.
 
 Contract (the grader compares every answer with the engine's ``BucketPlan``, and runs your padded
-batches through the model's decode forward on CPU, next to the unpadded batch):
+batches through the model's decode forward on CPU, next to the unpadded batch; derive from ``GraphPlan``
+and write the four methods here: a class that derives from, calls or aliases the engine's plan scores 0):
 
 * ``candidates(max_bs)``: the sizes worth a graph when memory is no object: those of ``SMALL`` below
   ``max_bs`` (1, 2, 4, 8), then every multiple of ``STEP`` (16) below ``max_bs``, then ``max_bs``;
@@ -42,12 +44,15 @@ Pitfalls the grader recognises (its messages name them):
 
 * a bucket too small (the batch's last rows would not be computed), or one too large: when ``n`` is a
   captured size, ``bisect_right`` skips it (padding waste); the largest graph instead of the smallest;
-* sizes over the budget, ``max_bs`` missing (batches larger than the largest graph lose the graph),
-  sizes unsorted or repeated (``bucket`` bisects them), the large sizes preferred to the small ones;
+  ``ValueError`` for a batch of exactly ``sizes[-1]`` (``>=`` for ``>``), or none past it;
+* sizes over the budget, or a total exactly equal to it refused (``<`` for ``<=``), ``max_bs`` missing
+  or taken last (batches larger than the largest graph lose the graph), sizes unsorted or repeated
+  (``bucket`` bisects them), the large sizes preferred to the small ones;
 * padding ``out_loc`` left at what an earlier, larger batch wrote there (those are real requests'
   slots: the padding rows overwrite their KV), padding into slot 0 (a real slot) instead of the
   scratch slot, padding rows given a real request's table row, padding one row short or one row into
-  the batch, and new tensors assigned instead of writing into the static buffers.
+  the batch, one of the four buffers left with an earlier batch's rows, and new tensors assigned instead
+  of writing into the static buffers.
 
 Grading: ``python -m autograder lab09`` checks each method against the engine's plan on fixed and random
 inputs, then runs padded batches through the decode forward on CPU (the KV outside the scratch page

@@ -1,9 +1,8 @@
 """Lab 10: tensor-parallel layers.
 
-You implement the five layers a decoder is split over ``tp`` ranks with (read
-``minisgl/layers/linear.py``, ``minisgl/layers/embedding.py`` and ``minisgl/distributed/__init__.py``
-first: ``get_tp_info()`` says who this rank is, ``all_reduce`` / ``all_gather`` are the collectives,
-identities with one rank)::
+You implement the five layers a decoder is split over ``tp`` ranks with, from ``minisgl.distributed``:
+``get_tp_info()`` says who this rank is (``.rank``, ``.size``), ``all_reduce`` / ``all_gather`` are the
+collectives, identities with one rank::
 
     x ──> qkv (column) ──> attention on local heads ──> o_proj (row) ──all_reduce──> y
     x ──> gate_up (column) ──> SwiGLU on local features ──> down (row) ──all_reduce──> y
@@ -11,13 +10,14 @@ identities with one rank)::
     column-parallel W [out, in]:  rank r keeps rows    [r*out/tp, (r+1)*out/tp) of each fused shard
     row-parallel    W [out, in]:  rank r keeps columns [r*in/tp,  (r+1)*in/tp):  y = sum_r x_r W_r^T
 
-The engine builds its decoder from ``LAB10_LAYERS`` (``TPLayers``, the seam in
-``minisgl/layers/__init__.py``) when the grader runs ``LLM(..., tp_size=2, components={"tp_layers":
-...})``, and loads the checkpoint through your ``weight_loader``s, so:
+The engine builds its decoder from ``LAB10_LAYERS`` (a ``minisgl.layers.TPLayers``, the seam) when the
+grader runs ``LLM(..., tp_size=2, components={"tp_layers": ...})``, and loads the checkpoint through your
+``weight_loader``s, so:
 
 Contract:
 
-* **Same constructors, parameter names and loaders as the engine's classes.** Each layer holds
+* **Same constructors, parameter names and loaders as the engine's classes** (the signatures below;
+  the engine's own classes, derived from, called or aliased, score 0). Each layer holds
   ``weight`` (and ``bias`` when asked), ``requires_grad=False``, and each parameter has a
   ``weight_loader(param, loaded, shard_id)`` that copies *this rank's* slice of the full checkpoint
   tensor ``loaded`` (a tensor or a lazy safetensors slice: index it, ``loaded[a:b]`` or
@@ -56,12 +56,18 @@ Pitfalls the grader recognises (its messages name them):
 * the all-reduce missing (a partial sum on each rank) or done twice (the sum counted ``tp`` times);
 * the embedding's shard rounded down (``vocab // tp``: the last ids belong to nobody);
 * the LM head's logits not gathered (``vocab / tp`` columns), or the padding not cut;
-* a size that does not divide by ``tp`` accepted and silently rounded down (features dropped).
+* a size that does not divide by ``tp`` accepted and silently rounded down (features dropped), or only
+  the sum of the fused sizes (or the first of them) checked: each size is split on its own;
+* the replicated KV head looked up as ``rank % num_kv_heads`` (at tp=4 with 2 KV heads, rank 1's query
+  heads attend with KV head 0);
+* the embedding's padding rows left as they were (they must be zero), or the first id of a rank's range
+  treated as another rank's (``id - start >= 0``, not ``> 0``).
 
 Grading: ``python -m autograder lab10`` builds each layer at ``tp=1`` in the grading process (it must
-equal a plain matmul / lookup), then starts 2 ranks over gloo (once for all layer checks) where each
-layer must give the single-rank result on every rank, then the engine at ``tp_size=2`` with your
-layers must generate TP=1's tokens (a tiny Llama and a tiny Qwen3).
+equal a plain matmul / lookup), plays the ranks of tp=2, 3 and 4 one by one in that process to check what
+each rank builds and loads (``get_tp_info()`` is all a layer reads to build and load), then starts 2 ranks
+over gloo (once for all layer checks) where each layer must give the single-rank result on every rank, then
+the engine at ``tp_size=2`` with your layers must generate TP=1's tokens (a tiny Llama and a tiny Qwen3).
 """
 
 from __future__ import annotations

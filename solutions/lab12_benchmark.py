@@ -1,9 +1,13 @@
 """Lab 12: latency metrics from a request trace, and the decode roofline of a model on a GPU.
 
-Part A — metrics. A trace is a list of ``RequestTrace`` (``minisgl/benchmark/metrics.py``), one per
-request, times in seconds from one origin: ``arrival`` (sent), ``token_times`` (when each output
-token arrived, in order), ``finish`` (when it ended: its last token or the end of its stream, or the
-abort) and ``aborted``::
+The types (``RequestTrace``, ``RequestMetrics``, ``GPU``, ``StepBytes``, ``Roofline``, ``ModelConfig``)
+are imported below for you to use; the functions are yours to write: the engine's own functions of
+these names are off limits (a lab that aliases or calls them is graded 0).
+
+Part A — metrics. A trace is a list of ``RequestTrace`` (a dataclass), one per request, times in
+seconds from one origin: ``arrival`` (sent), ``token_times`` (when each output token arrived, in
+order), ``finish`` (when it ended: its last token or the end of its stream, or the abort) and
+``aborted``::
 
     arrival      first token                                    finish
        |-----TTFT-----|--ITL--|--ITL--|--ITL--| ... |--ITL--|---|
@@ -29,8 +33,8 @@ abort) and ``aborted``::
   and the ITLs of all completed requests **pooled** (each gap one sample). Aborted requests are counted
   in ``aborted`` and nowhere else: no latency, no output tokens.
 
-Part B — the decode roofline (``minisgl/benchmark/roofline.py`` states it too). A decode step of
-``batch_size`` requests, each attending to ``context_len`` positions, reads on each GPU:
+Part B — the decode roofline. A decode step of ``batch_size`` requests, each attending to
+``context_len`` positions, reads on each GPU:
 
 * weights: every layer's q, k, v, o projections (``hidden x num_heads*head_dim``, two of
   ``hidden x num_kv_heads*head_dim``, ``num_heads*head_dim x hidden``) and gate, up, down

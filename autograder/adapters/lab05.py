@@ -1,5 +1,5 @@
 """Lab 05 adapter: the ``FairAdmission`` class of ``lab05_admission.py``, used only through the
-``AdmissionPolicy`` interface (``minisgl/scheduler/admission.py``) and its ``fits`` helper, and the
+``AdmissionPolicy`` interface and its ``fits`` helper, and the
 swap-in that lets the real engine run on it: the class registered in
 ``minisgl.scheduler.ADMISSION_POLICIES`` as ``"lab05"`` (``LLM(components={"admission": "lab05"})``)."""
 

@@ -1,5 +1,5 @@
 """Lab 07 adapter: the ``BudgetChunking`` class of ``lab07_chunking.py``, used only through the
-``ChunkingPolicy`` interface (``minisgl/scheduler/chunking.py``), and the swap-in that lets the real
+``ChunkingPolicy`` interface (``minisgl.scheduler.ChunkingPolicy``), and the swap-in that lets the real
 engine run on it: the class registered in ``minisgl.scheduler.CHUNKING_POLICIES`` as ``"lab07"``
 (``LLM(components={"chunking": "lab07"})``)."""
 

@@ -1,5 +1,5 @@
 """Lab 08 adapter: the ``OverlapLoop`` class of ``lab08_overlap.py``, used only through the
-``SchedulerLoop`` interface (``minisgl/scheduler/loop.py``: ``step()`` and ``in_flight``), and the
+``SchedulerLoop`` interface (``minisgl.scheduler.loop.SchedulerLoop``: ``step()`` and ``in_flight``), and the
 swap-in that lets the real engine run on it: a loop factory registered in ``minisgl.scheduler.LOOPS``
 as ``"lab08"`` (``LLM(components={"loop": "lab08"})``)."""
 

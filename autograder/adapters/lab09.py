@@ -1,5 +1,5 @@
 """Lab 09 adapter: the ``PaddedPlan`` class of ``lab09_cuda_graphs.py``, used only through the
-``GraphPlan`` interface (``minisgl/engine/graph.py``) and its ``candidates`` helper, and the swap-in:
+``GraphPlan`` interface (``minisgl.engine.graph.GraphPlan``) and its ``candidates`` helper, and the swap-in:
 the class registered in ``minisgl.engine.graph.GRAPH_PLANS`` as ``"lab09"``
 (``LLM(components={"graph_plan": "lab09"})``; the engine captures graphs only on a GPU, so on CPU the
 grader replays decode batches through your plan eagerly: ``autograder/graph_sim.py``)."""

@@ -1,7 +1,10 @@
 """Lab 11 adapter: the ``LabDetokenizer`` and ``LabStopStrings`` classes of ``lab11_detokenizer.py``,
-used only through the ``Detokenizer`` / ``StopStrings`` interfaces (``minisgl/tokenizer/
-detokenizer.py``), and the swap-in: a real ``python -m minisgl`` whose detokenizer process and API
-server import the lab's ``TEXT_STREAMS`` by its ``"module:attr"`` name (``--detokenizer``)."""
+used only through the ``Detokenizer`` / ``StopStrings`` interfaces, and the swap-in: a real
+``python -m minisgl`` whose detokenizer process and API server import the lab's ``TEXT_STREAMS`` by its
+``"module:attr"`` name (``--detokenizer``).
+
+Every unit test takes ``TEXT_STREAMS`` too (through ``require``, which refuses the engine's own
+classes in it): the server test runs in other processes, where no tripwire would see them."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ SWAP_IN = f"{STEM}:TEXT_STREAMS"  # the name the server is given (the graded fol
 
 def _subclass(attr: str, base: type) -> type:
     cls = require(STEM, attr)
+    text_streams()  # what the server runs: refused here if it holds the engine's classes
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise TypeError(f"{attr} must be a class derived from minisgl.tokenizer.detokenizer.{base.__name__}")
     return cls

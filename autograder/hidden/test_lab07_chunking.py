@@ -1,8 +1,8 @@
-"""Lab 07, hidden tests: an idle budget below the busy one (every visible case has idle >= busy, where
-``min``/``max`` of the two happen to choose right), and retracted requests readmitted under a small
-budget, so their prompt and outputs are prefilled in several chunks: from a prefix-cache hit of whole
-4-token pages, short of where the prompt ended before (radix), and from nothing (the naive cache). Each
-calls the policy first, so a stub fails at once with its hint."""
+"""Lab 07, hidden tests: more idle budgets below the busy one (the visible budget test has two such pairs,
+where ``min``/``max`` of the two choose wrong), and retracted requests readmitted under a small budget, so
+their prompt and outputs are prefilled in several chunks: from a prefix-cache hit of whole 4-token pages,
+short of where the prompt ended before (radix), and from nothing (the naive cache). Each calls the policy
+first, so a stub fails at once with its hint."""
 
 from __future__ import annotations
 

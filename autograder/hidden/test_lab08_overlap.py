@@ -1,6 +1,7 @@
-"""Lab 08, hidden tests: what the loop hands ``wait`` and ``process``. On a CPU the host copy is the
-device tensor itself and there is nothing to wait for, so the visible tests (and the engine) accept
-either; on a GPU, ``process`` must read the host copy of *its* batch, after waiting on *its* copy."""
+"""Lab 08, hidden tests: what the loop hands ``wait`` and ``process``, over a longer schedule with idle steps
+between batches (the visible tests check it over three steps; in the engine on a CPU the host copy is the
+device tensor itself and there is nothing to wait for, so only the recording stand-in tells them apart). On
+a GPU, ``process`` must read the host copy of *its* batch, after waiting on *its* copy."""
 
 from __future__ import annotations
 

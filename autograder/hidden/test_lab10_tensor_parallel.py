@@ -1,53 +1,54 @@
-"""Lab 10, hidden tests: sizes the visible tests do not reach, checked shard by shard in this process
-(the layers read only ``get_tp_info()`` to build and load: each rank of a larger group is played in
-turn, no process is started). Each builds a layer at tp=1 first, so a stub fails at once."""
+"""Lab 10, hidden tests: what the visible tests check at tp=2, 3 and 4, at sizes they do not reach (tp=8, a
+QKV bias sharded past tp=2, a fused size refused at tp=3, a vocabulary of 10 at tp=3), checked shard by
+shard in this process (the layers read only ``get_tp_info()`` to build and load: each rank of a larger
+group is played in turn, no process is started). Each builds a layer at tp=1 first, so a stub fails at
+once."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
 from autograder.adapters import lab10 as lab
 from autograder.points import points
-from autograder.test_lab10_tensor_parallel import single_rank
-from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
-
-
-@contextmanager
-def as_rank(rank: int, size: int) -> Iterator[None]:
-    saved = get_tp_info()
-    set_tp_info(TPInfo(rank, size))
-    try:
-        yield
-    finally:
-        set_tp_info(saved)
+from autograder.test_lab10_tensor_parallel import as_rank, single_rank
 
 
 @points(5)
 def test_kv_heads_at_tp4():
-    """8 heads, 2 KV heads at tp=4: rank r holds query heads 2r, 2r+1 and KV head r // 2 (the one they attend with)."""
+    """8 heads, 2 KV heads at tp=4 and 16 heads, 2 KV heads at tp=8, with a bias: rank r holds its query heads
+    and KV head r * 2 // tp (the one they attend with), in the weight and in the bias alike."""
     single_rank("QKVParallelLinear")
     g = torch.Generator().manual_seed(3)
     d = 4
-    q, k, v = (torch.randn(n * d, 16, generator=g) for n in (8, 2, 2))
-    for rank in range(4):
-        with as_rank(rank, 4):
-            layer = lab.layer("QKVParallelLinear")(16, d, 8, 2)
-            for i, w in enumerate((q, k, v)):
-                layer.weight.weight_loader(layer.weight, w, i)
-        head = rank // 2
-        kv = slice(head * d, (head + 1) * d)
-        want = torch.cat([q[rank * 2 * d : (rank + 1) * 2 * d], k[kv], v[kv]])
-        got = layer.weight.data
-        if not (got.shape == want.shape and torch.equal(got, want)):
-            same = got.shape == want.shape
-            held = [h for h in range(2) if same and torch.equal(got[2 * d : 3 * d], k[h * d : (h + 1) * d])]
-            raise AssertionError(
-                f"tp=4, 2 KV heads: rank {rank} should hold KV head {head} (its query heads {2 * rank}, {2 * rank + 1} "
-                f"attend with it); it holds {held or 'another slice'}. Rank r's KV head is r * num_kv_heads // tp "
-                "(not r % num_kv_heads: neighbouring ranks share a KV head)"
+    for heads, tp in ((8, 4), (16, 8)):
+        q, k, v = (torch.randn(n * d, 16, generator=g) for n in (heads, 2, 2))
+        biases = [torch.randn(w.shape[0], generator=g) for w in (q, k, v)]
+        local_q = heads // tp
+        for rank in range(tp):
+            with as_rank(rank, tp):
+                layer = lab.layer("QKVParallelLinear")(16, d, heads, 2, bias=True)
+                for i, w in enumerate((q, k, v)):
+                    layer.weight.weight_loader(layer.weight, w, i)
+                    layer.bias.weight_loader(layer.bias, biases[i], i)
+            head = rank * 2 // tp
+            rows, kv = slice(rank * local_q * d, (rank + 1) * local_q * d), slice(head * d, (head + 1) * d)
+            want = torch.cat([q[rows], k[kv], v[kv]])
+            got = layer.weight.data
+            if not (got.shape == want.shape and torch.equal(got, want)):
+                same = got.shape == want.shape
+                at = local_q * d
+                held = [h for h in range(2) if same and torch.equal(got[at : at + d], k[h * d : (h + 1) * d])]
+                raise AssertionError(
+                    f"tp={tp}, {heads} heads, 2 KV heads: rank {rank} should hold KV head {head} (its query heads "
+                    f"{rank * local_q}..{(rank + 1) * local_q - 1} attend with it); "
+                    f"it holds {held or 'another slice'}. Rank r's KV head is r * num_kv_heads // tp (not "
+                    "r % num_kv_heads: neighbouring ranks share one)"
+                )
+            want_bias = torch.cat([biases[0][rows], biases[1][kv], biases[2][kv]])
+            got_bias = layer.bias.data
+            assert got_bias.shape == want_bias.shape and torch.equal(got_bias, want_bias), (
+                f"tp={tp}, {heads} heads, 2 KV heads: rank {rank}'s bias is not the rows of its query heads and of "
+                f"KV head {head}: the bias is sharded like the weight's rows (the same loader, the same slices)"
             )
 
 

@@ -68,13 +68,12 @@ class GraphPlan(ABC):
         ``budget = inf`` every size the plan wants). ``[]`` when even ``max_bs`` alone does not fit
         (no graphs: every batch runs eagerly)."""
 
+    @abstractmethod
     def bucket(self, n: int, sizes: list[int]) -> int:
         """The graph that runs a batch of ``n`` requests: the smallest of ``sizes`` (ascending) that
         is ``>= n``. ``ValueError`` when ``n > sizes[-1]`` (no graph holds it)."""
-        if n > sizes[-1]:
-            raise ValueError(f"a batch of {n} is larger than the largest graph ({sizes[-1]})")
-        return sizes[bisect.bisect_left(sizes, n)]
 
+    @abstractmethod
     def pad(self, static: GraphInputs, batch: GraphInputs, bs: int, scratch_slot: int, dummy_row: int) -> None:
         """Fill rows ``[0, bs)`` of the ``static`` buffers, in place (a graph reads their addresses),
         for a batch of ``n = len(batch.input_ids) <= bs`` rows: rows ``[0, n)`` are the batch's own;
@@ -82,14 +81,6 @@ class GraphPlan(ABC):
         ``table_idx`` is ``dummy_row`` (the row that points at the scratch page). A padding row's token
         id and position may be any valid ones (whatever an earlier batch left there). Rows from ``bs``
         on are not read by the graph of ``bs``."""
-        n = len(batch.input_ids)
-        static.input_ids[:n].copy_(batch.input_ids)
-        static.positions[:n].copy_(batch.positions)
-        static.out_loc[:n].copy_(batch.out_loc)
-        static.table_idx[:n].copy_(batch.table_idx[:n])
-        if bs > n:
-            static.out_loc[n:bs].fill_(scratch_slot)  # padding writes only the scratch page
-            static.table_idx[n:bs].fill_(dummy_row)
 
 
 class BucketPlan(GraphPlan):
@@ -108,6 +99,21 @@ class BucketPlan(GraphPlan):
                 chosen.append(bs)
                 spent += cost(bs)
         return sorted(chosen)
+
+    def bucket(self, n: int, sizes: list[int]) -> int:
+        if n > sizes[-1]:
+            raise ValueError(f"a batch of {n} is larger than the largest graph ({sizes[-1]})")
+        return sizes[bisect.bisect_left(sizes, n)]
+
+    def pad(self, static: GraphInputs, batch: GraphInputs, bs: int, scratch_slot: int, dummy_row: int) -> None:
+        n = len(batch.input_ids)
+        static.input_ids[:n].copy_(batch.input_ids)
+        static.positions[:n].copy_(batch.positions)
+        static.out_loc[:n].copy_(batch.out_loc)
+        static.table_idx[:n].copy_(batch.table_idx[:n])
+        if bs > n:
+            static.out_loc[n:bs].fill_(scratch_slot)  # padding writes only the scratch page
+            static.table_idx[n:bs].fill_(dummy_row)
 
 
 GRAPH_PLANS: Registry[type[GraphPlan]] = Registry("CUDA-graph plan", {"default": BucketPlan})

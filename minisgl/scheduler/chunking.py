@@ -20,12 +20,12 @@ from minisgl.registry import Registry
 class ChunkingPolicy(ABC):
     """Lab 07's seam, registered in ``CHUNKING_POLICIES``."""
 
+    @abstractmethod
     def budget(self, busy: float, idle: float, num_decoding: int) -> float:
         """New tokens the next prefill batch may compute: the configured budgets are ``busy``
         (``max_prefill_length``) and ``idle`` (``idle_prefill_length``; ``inf``: none), and
         ``num_decoding`` requests decode now (each waits for this batch: its time is a gap in their
         streams)."""
-        return busy if num_decoding else idle
 
     @abstractmethod
     def extend_end(self, req: Req, tokens_left: float) -> int:
@@ -35,18 +35,24 @@ class ChunkingPolicy(ABC):
         retracted request) and at most ``req.cached_len + tokens_left``. A result below
         ``device_len`` cuts the prompt: the request continues first in the next prefill batch."""
 
+    @abstractmethod
     def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
         """Whether the next batch decodes the running requests (``num_decodable`` of them) rather
         than prefilling, when both could run; ``after_chunk``: the last batch cut a prompt."""
-        return after_chunk and num_decodable > 0
 
 
 class GreedyChunking(ChunkingPolicy):
     """Fill the batch: a prompt takes all the tokens left; one decode step between two chunks, so
     a long prompt delays the running requests' next token by one chunk at most."""
 
+    def budget(self, busy: float, idle: float, num_decoding: int) -> float:
+        return busy if num_decoding else idle  # nobody waits for a batch while nothing decodes
+
     def extend_end(self, req: Req, tokens_left: float) -> int:
         return int(min(req.device_len, req.cached_len + tokens_left))
+
+    def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
+        return after_chunk and num_decodable > 0
 
 
 CHUNKING_POLICIES: Registry[type[ChunkingPolicy]] = Registry("chunking policy", {"default": GreedyChunking})

@@ -1,5 +1,5 @@
-"""Broken variants of solutions/lab01_decoder.py: one per pitfall its docstring names, and a
-correct one written another way (``EQUIVALENT``)."""
+"""Broken variants of solutions/lab01_decoder.py: one per pitfall its docstring names, one of each kind of
+grader hole (``mutants.KINDS``), and a correct one written another way (``EQUIVALENT``)."""
 
 from mutants import Mutant
 
@@ -157,6 +157,107 @@ MUTANTS = [
         must_fail=("silu_and_mul",),
         hint="applying silu to the second half",
         why="silu applied to the up projection instead of the gate",
+    ),
+]
+
+# one of each kind of hole a careful student finds in a grader (mutants.KINDS)
+NOT_APPLICABLE = {
+    "one_argument": "the five functions' contracts have no input checks: nothing in them raises or refuses an "
+    "argument (S >= T and H % KV == 0 are the caller's promises, which the engine keeps)",
+}
+MUTANTS += [
+    Mutant(
+        "attention_mask_hides_the_own_key",
+        STEM,
+        (
+            (
+                'scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))',
+                'scores.masked_fill(k_pos[None, None, :] >= q_pos[None, :, None], float("-inf"))',
+            ),
+        ),
+        must_fail=("gqa_attention_cached_prefix", "gqa_attention_prefill", "gqa_attention_random"),
+        hint="a mask that hides each query's own key",
+        why="keys < S - T + t instead of <=: a query never sees its own position (a fresh prompt's first is NaN)",
+        kind="boundary",
+    ),
+    Mutant(
+        "rms_norm_one_mean_for_the_whole_tensor",
+        STEM,
+        (("h.pow(2).mean(dim=-1, keepdim=True) + eps)", "h.pow(2).mean() + eps)"),),
+        must_fail=("rms_norm_fixed", "rms_norm_random"),
+        hint="one mean of squares for the whole tensor instead of each row's",
+        why="the mean of squares over every value (the aggregate) instead of each row's: rows of another "
+        "magnitude than the rest come out scaled wrong",
+        kind="each_part",
+    ),
+    Mutant(
+        "attention_probs_cast_before_v",
+        STEM,
+        (
+            (
+                '    out = torch.einsum("hts,shd->thd", scores.softmax(dim=-1), values)\n',
+                '    out = torch.einsum("hts,shd->thd", scores.softmax(dim=-1).to(q.dtype), values.to(q.dtype))\n',
+            ),
+        ),
+        must_fail=("gqa_attention_bfloat16", "gqa_attention_random"),
+        hint="casting the probabilities to bfloat16 before @ v",
+        why="HF's eager order: the probabilities rounded to q.dtype before the weighted sum, not once at the end",
+        kind="order",
+    ),
+    Mutant(
+        "rms_norm_by_the_engine",
+        STEM,
+        (
+            (
+                "from minisgl.models.config import RopeScaling\n",
+                "from minisgl.layers.norm import rms_norm as engine_rms_norm\nfrom minisgl.models.config import "
+                "RopeScaling\n",
+            ),
+            (
+                "    h = x.float()\n    h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)\n"
+                "    return weight * h.to(x.dtype)\n",
+                "    return engine_rms_norm(x, weight, eps)\n",
+            ),
+        ),
+        must_fail=("rms_norm_fixed", "silu_and_mul", "gqa_attention_prefill"),
+        hint="the engine's own",
+        why="rms_norm delegates to the engine's: the lab scores 0",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "silu_and_mul_by_the_cpu_kernel",
+        STEM,
+        (
+            (
+                "    gate, up = x.chunk(2, dim=-1)\n    return gate * torch.sigmoid(gate) * up\n",
+                "    from minisgl.kernels.jit import cpu_module\n\n"
+                "    out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype)\n"
+                "    cpu_module().silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))\n"
+                "    return out\n",
+            ),
+        ),
+        must_fail=("silu_and_mul", "rms_norm_fixed"),
+        hint="the engine's own",
+        why="silu_and_mul calls the engine's C++ kernel through its loader: the lab scores 0",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "attention_ignores_scale",
+        STEM,
+        (("keys) * scale  # [H, T, S]", "keys) * q.shape[-1] ** -0.5  # [H, T, S]"),),
+        must_fail=("gqa_attention_prefill", "gqa_attention_random"),
+        hint="1 / sqrt(head_dim) instead of the scale argument",
+        why="1/sqrt(head_dim) instead of the scale argument; once a hidden-only bug (every visible scale was that)",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "attention_naive_softmax",
+        STEM,
+        (("scores.softmax(dim=-1)", "(scores.exp() / scores.exp().sum(-1, keepdim=True))"),),
+        must_fail=("gqa_attention_bfloat16", "gqa_attention_random"),
+        hint="exp() without subtracting each row's maximum",
+        why="exp() without subtracting the row max overflows on scores above ~88; once a hidden-only bug",
+        kind="visible_on_cpu",
     ),
 ]
 

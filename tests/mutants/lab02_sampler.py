@@ -1,5 +1,6 @@
-"""Broken variants of solutions/lab02_sampler.py: one per pitfall its docstring names, a correct one
-written another way (``EQUIVALENT``), and three that only the hidden tests catch (``HIDDEN_MUTANTS``)."""
+"""Broken variants of solutions/lab02_sampler.py: one per pitfall its docstring names, one of each kind of
+grader hole (``mutants.KINDS``), a correct one written another way (``EQUIVALENT``), and three the hidden
+tests catch (``HIDDEN_MUTANTS``; once only they did, now the visible tests catch them too)."""
 
 from mutants import Mutant
 
@@ -94,7 +95,8 @@ MUTANTS = [
         ),
         must_fail=("top_k_filter", "filters_random"),
         hint="one k for the whole batch",
-        why="the batch's largest k filters every row",
+        why="the batch's largest k (an aggregate) filters every row: the row that has it passes, the others do not",
+        kind="each_part",
     ),
     Mutant(
         "top_p_drops_crossing_token",
@@ -203,6 +205,101 @@ MUTANTS = [
     ),
 ]
 
+# one of each other kind of hole a careful student finds in a grader (mutants.KINDS)
+NOT_APPLICABLE = {
+    "one_argument": "the sampler's contract has no input checks: nothing in it raises or refuses an argument, "
+    "every input is a batch of logits and per-row parameters it samples from",
+}
+MUTANTS += [
+    Mutant(
+        "top_p_keeps_the_token_at_exactly_p",
+        STEM,
+        (
+            (
+                "    drop_sorted = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)\n",
+                "    drop_sorted = (mass_before > top_p[:, None]) & (top_p[:, None] < 1)\n",
+            ),
+        ),
+        must_fail=("top_p_filter", "filters_random"),
+        hint="keep it only while mass_before < p",
+        why="a token stays while the mass before it is <= p: one token too many when that mass is p exactly",
+        kind="boundary",
+    ),
+    Mutant(
+        "draw_takes_the_next_token_on_a_tie",
+        STEM,
+        (
+            (
+                "    picked = torch.searchsorted(cdf, scaled_u).squeeze(1)\n",
+                "    picked = torch.searchsorted(cdf, scaled_u, right=True).squeeze(1)\n",
+            ),
+        ),
+        must_fail=("draw", "draw_random"),
+        hint="cdf[i] > u * total (searchsorted with right=True) takes the next one",
+        why="the first i with cdf[i] > u * total: when u * total equals a CDF value, the token after it",
+        kind="boundary",
+    ),
+    Mutant(
+        "top_p_before_top_k",
+        STEM,
+        (
+            (
+                FILTERS,
+                "        scaled = scale_logits(logits, info.temperatures)\n"
+                "        if info.need_top_p:\n"
+                "            scaled = top_p_filter(scaled, info.top_p)\n"
+                "        if info.need_top_k:\n"
+                "            scaled = top_k_filter(scaled, info.top_k)\n",
+            ),
+        ),
+        must_fail=("draws_follow_the_rule", "sample_random"),
+        hint="top-p computed on the whole distribution instead of what top-k kept",
+        why="the filters swapped: the nucleus is measured on the whole distribution, then top-k cuts it",
+        kind="order",
+    ),
+    Mutant(
+        "sample_by_the_engine",
+        STEM,
+        (
+            (
+                "from minisgl.engine.sample import Sampler, SamplingInfo, uniform\n",
+                "from minisgl.engine.sample import DefaultSampler, Sampler, SamplingInfo, uniform\n",
+            ),
+            (
+                "        greedy = logits.argmax(dim=-1)\n        if info.all_greedy:\n            return greedy\n",
+                "        return DefaultSampler().sample(logits, info)\n        greedy = logits.argmax(dim=-1)\n",
+            ),
+        ),
+        must_fail=("greedy_rows", "draws_follow_the_rule", "scale_logits"),
+        hint="the engine's own",
+        why="LabSampler.sample delegates to the engine's DefaultSampler: the lab scores 0",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "scale_keeps_bfloat16",
+        STEM,
+        ((SCALE, "    return logits / safe[:, None].to(logits.dtype)\n"),),
+        must_fail=("scale_logits", "filters_random"),
+        hint="convert with logits.float() before dividing",
+        why="the temperature divides in the logits' dtype (bfloat16 on a GPU); once a hidden-only bug",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "draw_with_exp",
+        STEM,
+        (
+            (
+                "    cdf = logits.float().softmax(dim=-1).cumsum(dim=-1)\n",
+                "    cdf = logits.float().exp().cumsum(dim=-1)\n",
+            ),
+        ),
+        must_fail=("draw", "draw_random"),
+        hint="overflows float32",
+        why="exp() without subtracting the row's maximum overflows past 88; once a hidden-only bug",
+        kind="visible_on_cpu",
+    ),
+]
+
 # correct, written the other ways a student may: it must keep every point
 EQUIVALENT = Mutant(
     "lab02_written_differently",
@@ -237,7 +334,8 @@ EQUIVALENT = Mutant(
     must_fail=(),
 )
 
-# pass every visible test, fail a hidden one
+# once passed every visible test; each fails a hidden test (and now a visible one: the last two MUTANTS,
+# u_not_scaled_by_the_total in draw)
 HIDDEN_MUTANTS = [
     Mutant(
         "scale_keeps_bfloat16",

@@ -1,5 +1,6 @@
-"""Broken variants of solutions/lab03_paged_memory.py: one per pitfall its docstring names, a correct
-one written another way (``EQUIVALENT``), and the variants only the hidden tests catch."""
+"""Broken variants of solutions/lab03_paged_memory.py: one per pitfall its docstring names, one of each
+kind of grader hole (``mutants.KINDS``), a correct one written another way (``EQUIVALENT``), and the
+variants the hidden tests catch (``HIDDEN_MUTANTS``; the visible tests now catch them too)."""
 
 from mutants import Mutant
 
@@ -13,7 +14,17 @@ _ALLOC_FIXED = (
     "double_free_raises",
     "bad_free_changes_nothing",
 )
-_TABLE_FIXED = ("rows", "map_pages_page_size_1", "map_pages_page_size_4", "set_slots", "dummy_row")
+_TABLE_FIXED = (
+    "rows",
+    "map_pages_page_size_1",
+    "map_pages_page_size_4",
+    "map_pages_page_size_3",
+    "set_slots",
+    "dummy_row",
+)
+_CHECK_RANGE = "        if any(not 0 <= page < self.num_pages for page in ids):\n"
+_CHECK_FREE = "len(set(ids)) != len(ids) or any(self.is_free[page] for page in ids)"
+_ROW_CHECK = "        if not (0 <= row < self.max_rows and self.in_use[row]):\n"
 
 # every fixed unit test -> the randomized test of the same part, which must fail with it
 RANDOMIZED = {name: "allocator_random_operations" for name in _ALLOC_FIXED} | {
@@ -216,6 +227,98 @@ MUTANTS = [
     ),
 ]
 
+# one of each kind of hole a careful student finds in a grader (mutants.KINDS)
+MUTANTS += [
+    Mutant(
+        "alloc_refuses_exactly_num_free",
+        STEM,
+        (("        if n > len(self.free_pages):\n", "        if n >= len(self.free_pages):\n"),),
+        must_fail=("out_of_memory_changes_nothing", "alloc_hands_out_every_page_once", "allocator_random_operations"),
+        hint="only asking for more than num_free raises",
+        why="n >= num_free raises: the last free pages can never be handed out",
+        kind="boundary",
+    ),
+    Mutant(
+        "free_checks_only_the_first_page",
+        STEM,
+        (
+            (_CHECK_RANGE, _CHECK_RANGE.replace("for page in ids", "for page in ids[:1]")),
+            (_CHECK_FREE, _CHECK_FREE.replace("for page in ids", "for page in ids[:1]")),
+        ),
+        must_fail=("bad_free_changes_nothing", "allocator_random_operations"),
+        hint="check every page, not only the first",
+        why="free checks the range and the double free on the call's first page only: a bad page after it is freed",
+        kind="one_argument",
+    ),
+    Mutant(
+        "double_free_found_by_count",
+        STEM,
+        ((_CHECK_FREE, "len(set(ids)) != len(ids) or len(self.free_pages) + len(ids) > self.num_pages"),),
+        must_fail=("double_free_raises", "allocator_random_operations"),
+        hint="a double free must raise RuntimeError",
+        why="a double free caught only when the free pages would outnumber the pool: with other pages held, "
+        "a page freed twice passes",
+        kind="each_part",
+    ),
+    Mutant(
+        "map_pages_serves_rows_in_ascending_order",
+        STEM,
+        (
+            (
+                "        for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist()):\n",
+                "        for row, start, end in sorted(zip(rows.tolist(), starts.tolist(), ends.tolist())):\n",
+            ),
+        ),
+        must_fail=("map_pages_page_size_4", "table_random_operations"),
+        hint="in the order they come in rows",
+        why="the requests take their pages sorted by row number, not in the order rows lists them",
+        kind="order",
+    ),
+    Mutant(
+        "map_pages_by_the_engine",
+        STEM,
+        (
+            (
+                "from minisgl.kvcache.table import ReqTable\n",
+                "from minisgl.kvcache.table import ReqTable, ragged_index\n",
+            ),
+            (
+                "        p, k = self.page_size, 0  # k: the first page of this request's share of pages\n"
+                "        for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist()):\n"
+                "            pos = torch.arange(start, end, dtype=torch.int64)\n"
+                "            page = pages[k + (pos - start) // p]\n"
+                "            self.write(row, pos, page * p + pos % p)\n"
+                "            k += (end - start) // p\n",
+                "        new_rows, new_cols = ragged_index(rows, starts, ends)\n"
+                "        p = self.page_size\n"
+                "        self.write(new_rows, new_cols, (pages[:, None] * p + torch.arange(p)[None, :]).flatten())\n",
+            ),
+        ),
+        must_fail=("map_pages_page_size_1", "rows", "allocator_starts_free"),
+        hint="the engine's own",
+        why="map_pages delegates to the engine's ragged_index: the lab scores 0",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "free_row_accepts_a_negative_row",
+        STEM,
+        ((_ROW_CHECK, "        if not self.in_use[row]:\n"),),
+        must_fail=("rows", "table_random_operations"),
+        hint="a negative row silently indexes from the end",
+        why="free_row(-1) frees row max_rows - 1 (Python's negative index); once a hidden-only bug",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "map_pages_offset_by_bit_mask",
+        STEM,
+        (("self.write(row, pos, page * p + pos % p)", "self.write(row, pos, page * p + (pos & (p - 1)))"),),
+        must_fail=("map_pages_page_size_3", "table_random_operations"),
+        hint="pos & (page_size - 1) is that only for powers of two",
+        why="the offset in a page by a bit mask: wrong at page size 3; once a hidden-only bug",
+        kind="visible_on_cpu",
+    ),
+]
+
 # correct, written the other ways a student may: it must keep every point
 EQUIVALENT = Mutant(
     "lab03_written_differently",
@@ -273,7 +376,7 @@ HIDDEN_MUTANTS = [
     Mutant(
         "free_row_without_range_check",
         STEM,
-        (("        if not (0 <= row < self.max_rows and self.in_use[row]):\n", "        if not self.in_use[row]:\n"),),
+        ((_ROW_CHECK, "        if not self.in_use[row]:\n"),),
         must_fail=("free_row_rejects_dummy_and_negative_rows",),
         why="free_row(-1) frees the last request row (Python's negative index), free_row(dummy_row) raises IndexError",
     ),

@@ -1,9 +1,15 @@
-"""Broken variants of solutions/lab04_paged_attention.py: one per pitfall its docstring names, a
-correct one written another way (``EQUIVALENT``), and the variants only the hidden tests catch."""
+"""Broken variants of solutions/lab04_paged_attention.py: one per pitfall its docstring names, one per
+class of hole of ``mutants.KINDS``, a correct one written another way (``EQUIVALENT``), and the
+variants only the hidden tests catch."""
 
 from mutants import Mutant
 
 STEM = "lab04_paged_attention"
+
+NOT_APPLICABLE = {
+    "one_argument": "the contract states no input checks: key_mask, paged_attention, prepare_metadata and forward "
+    "take what the engine hands them and validate no argument (nothing is specified to raise)",
+}
 
 # every fixed unit test -> the randomized test, which must fail with it
 RANDOMIZED = {
@@ -40,7 +46,9 @@ MUTANTS = [
             "engine_greedy_tokens[1]",
         ),
         hint="attending before storing the new K/V",
-        why="the batch's own tokens read the stale K/V of their slots",
+        why="the order the contract states (store, then attend) swapped: the batch's own tokens read the stale K/V "
+        "of their slots",
+        kind="order",
     ),
     Mutant(
         "mask_without_prefix_offset",
@@ -164,6 +172,84 @@ MUTANTS = [
         must_fail=("metadata", "backend_random", "engine_greedy_tokens[1]"),
         hint="table_idx",
         why="request i is assumed to sit on table row i (true only while the table hands rows out in order)",
+    ),
+]
+
+MUTANTS += [
+    Mutant(
+        "decode_sees_its_end",
+        STEM,
+        (("        return kpos[None, :] < ends[:, None]\n", "        return kpos[None, :] <= ends[:, None]\n"),),
+        must_fail=("key_mask_decode", "key_mask_random", "backend_decode[1]", "backend_random"),
+        hint="`<=` where `<` belongs",
+        why="<= for <: a decode row also sees key position ends[i], one past its request's end (padding or "
+        "another position's stale slot)",
+        kind="boundary",
+    ),
+    Mutant(
+        "decode_shortcut_for_any_decode_row",
+        STEM,
+        (
+            (
+                "    if bool(((ends - starts) == 1).all()):",
+                "    if bool(((ends - starts) == 1).any()):",
+            ),
+        ),
+        must_fail=("key_mask_prefill", "key_mask_random", "backend_prefill[1]", "backend_random"),
+        hint="holds only when every request extends one token",
+        why="the decode shortcut (one query per request) taken when any request extends one token, not each: a "
+        "decode row riding with prefills gives a mask with one row per request",
+        kind="each_part",
+    ),
+    Mutant(
+        "derives_from_torch_backend",
+        STEM,
+        (
+            (
+                "class PagedAttentionBackend(AttentionBackend):\n",
+                "from minisgl.attention.torch_backend import TorchBackend  # noqa: E402\n\n\n"
+                "class PagedAttentionBackend(TorchBackend):\n",
+            ),
+        ),
+        must_fail=("metadata", "backend_prefill[1]", "backend_random", "key_mask_prefill"),
+        hint="the engine's own",
+        why="the lab's backend derives from the engine's TorchBackend (its own methods unchanged)",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "decode_through_the_engine_kernel",
+        STEM,
+        (
+            (
+                "        return paged_attention(q, k_slots, v_slots, batch.attn_metadata, self.scale)\n",
+                "        md = batch.attn_metadata\n"
+                "        if len(md.token_req) == md.kv_slots.shape[0]:  # a decode batch: the engine's kernel\n"
+                "            from minisgl.kernels.paged_attention import paged_decode_attention_torch\n\n"
+                "            lens = torch.tensor(batch.ends, dtype=torch.int32)\n"
+                "            out = paged_decode_attention_torch(q, k_slots, v_slots, md.kv_slots, lens, self.scale)\n"
+                "            return out.reshape(len(lens), -1)\n"
+                "        return paged_attention(q, k_slots, v_slots, md, self.scale)\n",
+            ),
+        ),
+        must_fail=("backend_decode[1]", "backend_random", "key_mask_prefill", "attention_float32"),
+        hint="your code calls the engine's own",
+        why="decode batches go through the engine's paged decode attention instead of the lab's own",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "q_scaled_in_bfloat16_visibly",
+        STEM,
+        (
+            (
+                '    scores = torch.einsum("nhd,nlhd->nhl", q.float(), keys) * scale\n',
+                '    scores = torch.einsum("nhd,nlhd->nhl", (q * scale).float(), keys)\n',
+            ),
+        ),
+        must_fail=("attention_bfloat16",),
+        hint="q * scale computed in bfloat16",
+        why="q is scaled in bfloat16 before the float32 product: exact while the scale is a power of two; the "
+        "visible bfloat16 test now runs head_dim 32 too (once only the hidden head_dim 128 test caught it)",
+        kind="visible_on_cpu",
     ),
 ]
 

@@ -1,7 +1,8 @@
-"""Broken variants of solutions/lab05_admission.py: one per pitfall its docstring names, a correct one
-written another way (``EQUIVALENT``), and two that only the hidden tests catch (``HIDDEN_MUTANTS``:
-the reservation counted in tokens, or in pages rounded down, which agree with whole pages when a page
-is one token, as in every visible test)."""
+"""Broken variants of solutions/lab05_admission.py: one per pitfall its docstring names, one per class of
+hole of ``mutants.KINDS``, a correct one written another way (``EQUIVALENT``), and two that once only
+the hidden tests caught (``HIDDEN_MUTANTS``: the reservation counted in tokens, or in pages rounded
+down, which agree with whole pages when a page is one token; the visible tests now try 4-token pages
+too, ``need_in_tokens_visibly``)."""
 
 from mutants import Mutant
 
@@ -69,7 +70,9 @@ MUTANTS = [
         ),
         must_fail=("fits_matches_first", "random_workloads"),
         hint="available_pages() read before ctx.match(req)",
-        why="the matched prefix counts as available and as held: over-commit",
+        why="available_pages() read before ctx.match (the contract: both after it): the matched prefix counts as "
+        "available and as held, over-commit",
+        kind="order",
     ),
     Mutant(
         "checks_before_match",
@@ -114,7 +117,9 @@ MUTANTS = [
         ),
         must_fail=("admit_respects_rows", "random_workloads"),
         hint="ignoring rows_left",
-        why="admission goes on with no request-table row left (max_running_requests)",
+        why="the stop test looks at the budget and the cut but not at the rows (ctx.has_room checks all three): "
+        "admission goes on with no request-table row left although the budget is not spent",
+        kind="one_argument",
     ),
     Mutant(
         "head_of_line_blocking",
@@ -152,6 +157,106 @@ MUTANTS = [
         must_fail=("random_workloads",),
         hint="waits_for_batch_prefix",
         why="two requests sharing a new prefix both compute it in one batch instead of the second reusing it",
+    ),
+]
+
+MUTANTS += [
+    Mutant(
+        "fits_strictly_below",
+        STEM,
+        (
+            (
+                "        if ctx.pages_needed(req) <= ctx.available_pages() - ctx.reserved_pages:\n",
+                "        if ctx.pages_needed(req) < ctx.available_pages() - ctx.reserved_pages:\n",
+            ),
+        ),
+        must_fail=("fits_respects_reservations", "random_workloads"),
+        hint="so it fits",
+        why="< for <=: a request that needs exactly the pages left is refused",
+        kind="boundary",
+    ),
+    Mutant(
+        "aging_counts_summed",
+        STEM,
+        (
+            (
+                " or any(self.passed_over.get(r.uid, 0) >= self.AGING for r in skipped):\n",
+                " or sum(self.passed_over.get(r.uid, 0) for r in skipped) >= self.AGING:\n",
+            ),
+        ),
+        must_fail=("admit_ages", "random_workloads"),
+        hint="a sum of the counts reaches it too soon",
+        why="the stop compares the sum of the passed-over counts with AGING instead of each request's own count: "
+        "with two requests passed over, admission stops after AGING / 2",
+        kind="each_part",
+    ),
+    Mutant(
+        "inherits_reserved_len",
+        STEM,
+        (("    def reserved_len(self, req: Req) -> int:\n", "    def _unused_reserved_len(self, req: Req) -> int:\n"),),
+        must_fail=("reserved_len_covers_max_tokens", "fits_respects_reservations", "random_workloads"),
+        hint="yourself",
+        why="reserved_len left to the interface's default, which is the answer (max_device_len - 1)",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "reserved_len_calls_super",
+        STEM,
+        (
+            (
+                "        return req.max_device_len - 1\n        # END SOLUTION\n",
+                "        return super().reserved_len(req)\n        # END SOLUTION\n",
+            ),
+        ),
+        must_fail=("reserved_len_covers_max_tokens", "fits_respects_reservations", "random_workloads"),
+        hint="your code calls the engine's own",
+        why="reserved_len delegates to the interface's default, which is the answer (max_device_len - 1)",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "derives_from_optimistic",
+        STEM,
+        (
+            (
+                "from minisgl.scheduler.admission import AdmissionContext, AdmissionPolicy\n",
+                "from minisgl.scheduler.admission import AdmissionContext, Optimistic\n",
+            ),
+            ("class FairAdmission(AdmissionPolicy):\n", "class FairAdmission(Optimistic):\n"),
+        ),
+        must_fail=("reserved_len_covers_max_tokens", "admit_ages", "random_workloads"),
+        hint="the engine's own",
+        why="the lab class derives from the engine's Optimistic policy (its own methods unchanged)",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "need_in_tokens_visibly",
+        STEM,
+        (
+            (
+                "        ctx.match(req)\n        if ctx.pages_needed(req) <= ",
+                "        hit = ctx.match(req)\n        if self.reserved_len(req) - hit <= ",
+            ),
+        ),
+        must_fail=("fits_respects_reservations", "random_workloads"),
+        hint="counted in tokens",
+        why="the reservation counted in tokens, compared with pages (once caught only by the hidden tests at "
+        "page sizes 2 and 4)",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "need_in_pages_rounded_down_visibly",
+        STEM,
+        (
+            (
+                "        ctx.match(req)\n        if ctx.pages_needed(req) <= ",
+                "        hit = ctx.match(req)\n        if (self.reserved_len(req) - hit) // ctx.page_size <= ",
+            ),
+        ),
+        must_fail=("fits_respects_reservations", "random_workloads"),
+        hint="partial last page not counted",
+        why="a partial last page not counted: over-commit with pages of several tokens (once caught only by the "
+        "hidden tests)",
+        kind="visible_on_cpu",
     ),
 ]
 

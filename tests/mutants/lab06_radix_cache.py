@@ -1,9 +1,14 @@
-"""Broken variants of solutions/lab06_radix_cache.py: one per pitfall its docstring names, and a
-correct one written another way (``EQUIVALENT``)."""
+"""Broken variants of solutions/lab06_radix_cache.py: one per pitfall its docstring names, one per class
+of hole of ``mutants.KINDS``, and a correct one written another way (``EQUIVALENT``)."""
 
 from mutants import Mutant
 
 STEM = "lab06_radix_cache"
+
+NOT_APPLICABLE = {
+    "one_argument": "the contract's only input checks each look at one argument: evict(n) checks n against "
+    "num_evictable and unlock(handle) the refs on the handle's path; no check combines several arguments",
+}
 
 # every fixed unit test -> the randomized test, which must fail with it
 RANDOMIZED = {
@@ -171,6 +176,115 @@ MUTANTS = [
         must_fail=("page_alignment", "random_operations_match_reference"),
         hint="is not a whole number of pages",
         why="insert keeps the unaligned tail of the tokens as a partial page",
+    ),
+]
+
+MUTANTS += [
+    Mutant(
+        "evict_refuses_exactly_evictable",
+        STEM,
+        (("        if n > self.num_evictable:\n", "        if n >= self.num_evictable:\n"),),
+        must_fail=("evict_respects_locks", "match_splits_node", "random_operations_match_reference"),
+        hint="n == evictable_size is allowed",
+        why=">= for >: evict(n) with n exactly num_evictable raises ValueError instead of freeing everything",
+        kind="boundary",
+    ),
+    Mutant(
+        "lock_moves_by_the_handle",
+        STEM,
+        (
+            (
+                "        node = handle\n        while node is not None and node is not self.root:\n"
+                "            if node.ref == 0:\n                self.num_evictable -= len(node.value)\n",
+                "        node = handle\n        fresh = handle is not None and handle.ref == 0\n"
+                "        while node is not None and node is not self.root:\n"
+                "            if fresh:\n                self.num_evictable -= len(node.value)\n",
+            ),
+        ),
+        must_fail=("lock_unlock_refcounts", "random_operations_match_reference"),
+        hint="only [5 6] moves",
+        why="lock() moves the whole path to protected when the handle's ref goes 0 -> 1, instead of each node "
+        "whose own ref does: an ancestor already locked is counted twice",
+        kind="each_part",
+    ),
+    Mutant(
+        "evict_queue_sorted_once",
+        STEM,
+        (
+            (
+                "        candidates = [node for node in self.nodes() if not node.children and node.ref == 0]\n",
+                "        candidates = sorted(\n"
+                "            [node for node in self.nodes() if not node.children and node.ref == 0],\n"
+                "            key=lambda node: node.last_access,\n"
+                "        )\n",
+            ),
+            (
+                "            leaf = min(candidates, key=lambda node: node.last_access)\n"
+                "            candidates.remove(leaf)\n",
+                "            leaf = candidates.pop(0)\n",
+            ),
+        ),
+        must_fail=("evict_frees_parents", "random_operations_match_reference"),
+        hint="ordered by its last_access like every other candidate",
+        why="the leaves are sorted once and a parent that becomes a candidate joins the end of the queue, "
+        "out of LRU order",
+        kind="order",
+    ),
+    Mutant(
+        "derives_from_the_engine_cache",
+        STEM,
+        (
+            (
+                "class RadixCache(PrefixCache):\n",
+                "from minisgl.kvcache.radix import RadixPrefixCache  # noqa: E402\n\n\n"
+                "class RadixCache(RadixPrefixCache):\n",
+            ),
+        ),
+        must_fail=("empty_cache", "insert_then_match", "random_operations_match_reference"),
+        hint="the engine's own",
+        why="the lab class derives from the engine's RadixPrefixCache (its own methods unchanged)",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "evict_delegates_to_the_engine",
+        STEM,
+        (
+            (
+                "        if n <= 0:\n            return _EMPTY\n        if n > self.num_evictable:",
+                "        from minisgl.kvcache.radix import RadixPrefixCache\n\n"
+                "        return RadixPrefixCache.evict(self, n)\n"
+                "        if n > self.num_evictable:",
+            ),
+        ),
+        must_fail=("empty_cache", "evict_lru_order", "random_operations_match_reference"),
+        hint="the engine's own",
+        why="evict() calls the engine's RadixPrefixCache.evict",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "insert_keeps_a_view_of_the_caller",
+        STEM,
+        (("indices[pos:end].clone()", "indices[pos:end]"),),
+        must_fail=("insert_returns_cached_prefix", "random_operations_match_reference"),
+        hint="kept a view of the caller's tensor",
+        why="the cache keeps a slice of the caller's page-table row, which the engine reuses (once caught only by "
+        "the hidden insert_keeps_its_own_copy)",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "pages_by_bit_mask",
+        STEM,
+        (
+            (
+                "        end = self.aligned(len(token_ids))\n        node, pos, _ = self.walk(token_ids)",
+                "        end = len(token_ids) & ~(self.page_size - 1)\n        node, pos, _ = self.walk(token_ids)",
+            ),
+        ),
+        must_fail=("page_alignment", "random_operations_match_reference"),
+        hint="only when page_size is a power of two",
+        why="a bit mask rounds down to a page only when page_size is a power of two (once caught only by the "
+        "hidden random test at page sizes 3 and 8)",
+        kind="visible_on_cpu",
     ),
 ]
 

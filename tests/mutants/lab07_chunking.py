@@ -1,15 +1,16 @@
-"""Broken variants of solutions/lab07_chunking.py: one per pitfall its docstring names, a correct one
-written another way (``EQUIVALENT``), and three that only the hidden tests catch (``HIDDEN_MUTANTS``: the
-smaller or larger of the two budgets, which choose right whenever idle >= busy, as in every visible test;
-and a policy that keeps each request's progress itself, which agrees with ``req.cached_len`` until a
-retracted request is readmitted and prefilled in chunks)."""
+"""Broken variants of solutions/lab07_chunking.py: one per pitfall its docstring names, one of each kind of
+``mutants.KINDS`` that can occur here, a correct one written another way (``EQUIVALENT``), and two that the
+hidden tests catch (``HIDDEN_MUTANTS``: the larger of the two budgets when nothing decodes, which the visible
+budget test now catches too; and a policy that keeps each request's progress itself, which agrees with
+``req.cached_len`` until a retracted request is readmitted: the visible ``extend_end_keeps_no_state`` shows
+it on one policy, the hidden engine tests on the real scheduler)."""
 
 from mutants import Mutant
 
 STEM = "lab07_chunking"
 
-# every fixed test -> the randomized test, which must fail with it (the int and retraction tests have no
-# partner: the scheduler's budgets are ints and the random workloads never retract)
+# every fixed test -> the randomized test, which must fail with it (the int, no-state and retraction tests have
+# no partner: the scheduler's budgets are ints and the random workloads never retract)
 RANDOMIZED = {
     name: "random_workloads"
     for name in (
@@ -24,6 +25,15 @@ RANDOMIZED = {
 _BUDGET = "        return busy if num_decoding else idle\n"
 _END = "        return int(min(req.device_len, req.cached_len + tokens_left))\n"
 _FIRST = "        return after_chunk and num_decodable > 0\n"
+_CLASS = "class BudgetChunking(ChunkingPolicy):\n"
+_IMPORT = "from minisgl.scheduler.chunking import ChunkingPolicy\n"
+
+# no input check and no rule over several parts: every method answers from scalars
+NOT_APPLICABLE = {
+    "each_part": "no rule of the contract is over several parts: budget and decode_first answer from scalars, "
+    "extend_end from one request's two lengths and one budget (nothing is a sum or a list whose elements must "
+    "each hold)",
+}
 
 MUTANTS = [
     Mutant(
@@ -112,7 +122,81 @@ MUTANTS = [
         ((_FIRST, "        return after_chunk\n"),),
         must_fail=("decode_first_only_between_chunks", "random_workloads"),
         hint="nothing can decode",
-        why="a decode step after every cut, even with nothing to decode: a step without a batch",
+        why="decode_first looks at after_chunk only: a decode step after every cut, even with nothing to decode "
+        "(a step without a batch); the case (True, 0) has only num_decodable wrong",
+        kind="one_argument",
+    ),
+    Mutant(
+        "busy_only_past_one_decoding",
+        STEM,
+        ((_BUDGET, "        return busy if num_decoding > 1 else idle\n"),),
+        must_fail=("budget_busy_while_decoding_idle_when_not", "random_workloads"),
+        hint="not > 1",
+        why="num_decoding > 1 for > 0: with exactly one request decoding the idle budget stalls its stream",
+        kind="boundary",
+    ),
+    Mutant(
+        "prefills_right_after_a_cut",
+        STEM,
+        ((_FIRST, "        return not after_chunk and num_decodable > 0\n"),),
+        must_fail=("decode_first_only_between_chunks", "random_workloads", "engine_starves_nobody"),
+        hint="the order swapped",
+        why="decode and prefill in the wrong order: the next chunk right after a cut, a decode step before a new "
+        "prompt",
+        kind="order",
+    ),
+    Mutant(
+        "derives_from_the_engine",
+        STEM,
+        (
+            (_IMPORT, "from minisgl.scheduler.chunking import ChunkingPolicy, GreedyChunking\n"),
+            (_CLASS, "class BudgetChunking(GreedyChunking):\n    pass\n\n\nclass _Unused(ChunkingPolicy):\n"),
+        ),
+        must_fail=("budget_busy_while_decoding_idle_when_not", "random_workloads"),
+        hint="the engine's own",
+        why="the engine's GreedyChunking under the lab's name: every answer is the reference's",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "delegates_to_the_engine",
+        STEM,
+        (
+            (_IMPORT, "from minisgl.scheduler.chunking import ChunkingPolicy, GreedyChunking\n"),
+            (_END, "        return GreedyChunking().extend_end(req, tokens_left)\n"),
+        ),
+        must_fail=("extend_end_whole_prompt_when_it_fits", "random_workloads"),
+        hint="the engine's own",
+        why="extend_end calls the engine's GreedyChunking.extend_end",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "budget_min_while_decoding",
+        STEM,
+        ((_BUDGET, "        return min(busy, idle) if num_decoding else idle\n"),),
+        must_fail=("budget_busy_while_decoding_idle_when_not", "random_workloads", "budget_idle_below_busy"),
+        hint="the smaller of the two budgets",
+        why="the smaller budget while decoding: the idle one when it is the smaller (once only a hidden test had "
+        "idle < busy)",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "resumes_where_it_cut",
+        STEM,
+        (
+            (_CLASS, _CLASS + "    def __init__(self):\n        self.cut = {}\n\n"),
+            (
+                _END,
+                "        start = max(req.cached_len, self.cut.get(req.uid, 0))\n"
+                "        end = int(min(req.device_len, start + tokens_left))\n"
+                "        self.cut[req.uid] = end\n"
+                "        return end\n",
+            ),
+        ),
+        must_fail=("extend_end_keeps_no_state",),
+        hint="kept progress of its own",
+        why="the policy remembers where it cut each request: a readmitted request skips what it must recompute "
+        "(once only the hidden engine tests retracted a request that was chunked)",
+        kind="visible_on_cpu",
     ),
 ]
 
@@ -134,13 +218,6 @@ EQUIVALENT = Mutant(
 
 HIDDEN_MUTANTS = [
     Mutant(
-        "budget_min_while_decoding",
-        STEM,
-        ((_BUDGET, "        return min(busy, idle) if num_decoding else idle\n"),),
-        must_fail=("budget_idle_below_busy",),
-        why="the smaller budget while decoding: the idle one when it is the smaller",
-    ),
-    Mutant(
         "budget_max_when_idle",
         STEM,
         ((_BUDGET, "        return busy if num_decoding else max(busy, idle)\n"),),
@@ -152,8 +229,8 @@ HIDDEN_MUTANTS = [
         STEM,
         (
             (
-                "class BudgetChunking(ChunkingPolicy):\n",
-                "class BudgetChunking(ChunkingPolicy):\n    def __init__(self):\n        self.progress = {}\n\n",
+                _CLASS,
+                _CLASS + "    def __init__(self):\n        self.progress = {}\n\n",
             ),
             (
                 _END,

@@ -1,7 +1,8 @@
-"""Broken variants of solutions/lab08_overlap.py: one per pitfall its docstring names, a correct one
-written another way (``EQUIVALENT``: a queue of pending batches), and two that only the hidden tests
-catch (``HIDDEN_MUTANTS``: waiting on the wrong batch's copy, processing the device tensor; on a CPU
-both are harmless, so the visible tests and the engine cannot tell)."""
+"""Broken variants of solutions/lab08_overlap.py: one per pitfall its docstring names, one of each kind of
+``mutants.KINDS`` that can occur here, a correct one written another way (``EQUIVALENT``: a queue of pending
+batches), and two that the hidden tests catch (``HIDDEN_MUTANTS``: waiting on the wrong batch's copy,
+processing the device tensor; harmless in the engine on a CPU, they once lost only hidden points: the
+recording stand-in of the visible tests now tells them apart too, ``visible_on_cpu`` below)."""
 
 from mutants import Mutant
 
@@ -14,6 +15,7 @@ RANDOMIZED = {
         "first_step_launches_and_keeps_it_pending",
         "launches_the_next_batch_before_processing",
         "waits_before_processing",
+        "process_reads_the_host_copy",
         "drains_the_last_batch",
         "in_flight",
         "processes_each_batch_once_in_launch_order",
@@ -44,7 +46,90 @@ _PROCESS_PENDING = (
     "            events = s.process(previous, previous_tokens)\n"
 )
 
+NOT_APPLICABLE = {
+    "boundary": "the contract states no comparison of numbers: the loop's only conditions are whether schedule() "
+    "returned a batch and whether one is pending (None or not), with no threshold a case could land on",
+    "one_argument": "the loop validates none of its inputs: the phases' results are passed on, never checked, so "
+    "there is no input check that could look at one argument only",
+    "each_part": "step() handles one batch at a time and no rule is over several sizes or parts (the pending "
+    "batch's ready and host copy are each checked by the visible_on_cpu mutants)",
+}
+
+_WAIT = "            s.wait(previous_ready)\n"
+_KEEP = "            launched = (batch, host_tokens, ready)\n"
+_CLASS = "class OverlapLoop(SchedulerLoop):\n"
+_IMPORT = "from minisgl.scheduler.loop import Phases, SchedulerLoop\n"
+
 MUTANTS = [
+    Mutant(
+        "copies_after_processing",
+        STEM,
+        (
+            (
+                "            device_tokens = s.launch(batch, s.prepare(batch))\n"
+                "            host_tokens, ready = s.to_host(device_tokens)\n"
+                "            launched = (batch, host_tokens, ready)\n",
+                "            device_tokens = s.launch(batch, s.prepare(batch))\n",
+            ),
+            (
+                "        self.pending = launched\n        return events\n",
+                "        if batch is not None:\n"
+                "            host_tokens, ready = s.to_host(device_tokens)\n"
+                "            launched = (batch, host_tokens, ready)\n"
+                "        self.pending = launched\n"
+                "        return events\n",
+            ),
+        ),
+        must_fail=("launches_the_next_batch_before_processing", "random_schedules"),
+        hint="before to_host of batch",
+        why="the new batch's copy to the host starts after the previous batch was processed: the copy overlaps "
+        "nothing, and the next step waits for all of it",
+        kind="order",
+    ),
+    Mutant(
+        "derives_from_the_engine",
+        STEM,
+        (
+            (_IMPORT, "from minisgl.scheduler.loop import OverlapLoop as _EngineLoop\n" + _IMPORT),
+            (_CLASS, "class OverlapLoop(_EngineLoop):\n    pass\n\n\nclass _Unused(SchedulerLoop):\n"),
+        ),
+        must_fail=("first_step_launches_and_keeps_it_pending", "random_schedules"),
+        hint="the engine's own",
+        why="the engine's OverlapLoop under the lab's name",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "delegates_to_the_plain_loop",
+        STEM,
+        (
+            (_IMPORT, "from minisgl.scheduler.loop import Phases, PlainLoop, SchedulerLoop\n"),
+            ("        s = self.sched\n        batch = s.schedule()\n", "        return PlainLoop.step(self)\n"),
+        ),
+        must_fail=("first_step_launches_and_keeps_it_pending", "random_schedules"),
+        hint="the engine's own",
+        why="step() runs the engine's PlainLoop.step",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "waits_on_the_launched_copy",
+        STEM,
+        ((_WAIT, "            s.wait(launched[2] if launched else previous_ready)\n"),),
+        must_fail=("waits_before_processing", "random_schedules", "waits_on_the_processed_batch"),
+        hint="another batch's copy",
+        why="waits on the copy of the batch just launched, not of the one it processes (once only a hidden test "
+        "saw it: on a CPU there is nothing to wait for)",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "processes_the_device_tensor",
+        STEM,
+        ((_KEEP, "            launched = (batch, device_tokens, ready)\n"),),
+        must_fail=("process_reads_the_host_copy", "random_schedules", "processes_the_host_copy"),
+        hint="keep to_host's first result pending",
+        why="process reads launch's device tensor instead of the host copy (the same tensor on a CPU: once only a "
+        "hidden test saw it)",
+        kind="visible_on_cpu",
+    ),
     Mutant(
         "processes_in_the_same_step",
         STEM,

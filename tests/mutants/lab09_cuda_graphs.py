@@ -1,8 +1,9 @@
-"""Broken variants of solutions/lab09_cuda_graphs.py: one per pitfall its docstring names, a correct one
-written another way (``EQUIVALENT``), and two that only the hidden tests catch (``HIDDEN_MUTANTS``:
-stopping at the first candidate over the budget, which skipping agrees with while costs grow with the
-batch, as in every visible test; and no ``ValueError`` for a batch larger than every graph, which the
-engine never sends)."""
+"""Broken variants of solutions/lab09_cuda_graphs.py: one per pitfall its docstring names, one of each kind of
+``mutants.KINDS`` that can occur here, a correct one written another way (``EQUIVALENT``), and two that the
+hidden tests catch (``HIDDEN_MUTANTS``: stopping at the first candidate over the budget, which skipping
+agrees with while costs grow with the batch, as in every visible test; and no ``ValueError`` for a batch
+larger than every graph, which the engine never sends: the visible
+``bucket_refuses_a_batch_past_the_largest`` now catches it too)."""
 
 from mutants import Mutant
 
@@ -14,6 +15,7 @@ RANDOMIZED = {
     "sizes_without_budget": "sizes_random",
     "sizes_under_budget": "sizes_random",
     "bucket_every_batch_size": "bucket_random",
+    "bucket_refuses_a_batch_past_the_largest": "bucket_random",
     "pad_fills_rows": "padding_random",
     "padding_never_touches_real_kv": "padding_random",
 }
@@ -22,8 +24,101 @@ _BUCKET = "        return sizes[bisect.bisect_left(sizes, n)]\n"
 _LOOP = "        for bs in self.candidates(max_bs)[:-1]:\n"
 _OUT = "        static.out_loc[n:bs].fill_(scratch_slot)\n"
 _ROWS = "        static.table_idx[n:bs].fill_(dummy_row)\n"
+_COPY = "        for buffer, rows in zip(static, batch):\n            buffer[:n].copy_(rows[:n])\n"
+_IMPORT = "from minisgl.engine.graph import GraphInputs, GraphPlan\n"
+_TAKEN = "        taken, spent = [max_bs], cost(max_bs)\n"
+_ERROR = "        if n > sizes[-1]:\n"
+_RAISE = _ERROR + '            raise ValueError(f"no graph holds a batch of {n}: the largest is {sizes[-1]}")\n'
+
+NOT_APPLICABLE = {
+    "one_argument": "the contract's only input checks compare two arguments with each other (bucket: n > "
+    "sizes[-1]; sizes: cost(max_bs) > budget): no argument has a property of its own to check (pad's inputs "
+    "are the runner's, unchecked)",
+}
 
 MUTANTS = [
+    Mutant(
+        "bucket_refuses_the_largest",
+        STEM,
+        ((_ERROR, "        if n >= sizes[-1]:\n"),),
+        must_fail=("bucket_every_batch_size", "bucket_random"),
+        hint="not n >= sizes[-1]",
+        why="n >= sizes[-1] for n > sizes[-1]: a batch of exactly the largest size finds no graph",
+        kind="boundary",
+    ),
+    Mutant(
+        "sizes_budget_strict",
+        STEM,
+        (("            if spent + cost(bs) <= budget:\n", "            if spent + cost(bs) < budget:\n"),),
+        must_fail=("sizes_under_budget", "sizes_random"),
+        hint="not < budget",
+        why="< budget for <= budget: a candidate that fills the budget exactly is dropped",
+        kind="boundary",
+    ),
+    Mutant(
+        "pad_forgets_positions",
+        STEM,
+        (
+            (
+                _COPY,
+                "        static.input_ids[:n].copy_(batch.input_ids)\n"
+                "        static.out_loc[:n].copy_(batch.out_loc)\n"
+                "        static.table_idx[:n].copy_(batch.table_idx)\n",
+            ),
+        ),
+        must_fail=("pad_fills_rows", "padding_never_touches_real_kv", "padding_random"),
+        hint="each of the four buffers",
+        why="three of the four buffers written: the rows keep an earlier batch's positions (wrong RoPE, wrong "
+        "attention length)",
+        kind="each_part",
+    ),
+    Mutant(
+        "max_bs_taken_last",
+        STEM,
+        ((_TAKEN + _LOOP, "        taken, spent = [], 0\n        for bs in self.candidates(max_bs):\n"),),
+        must_fail=("sizes_under_budget", "sizes_random"),
+        hint="it is taken first",
+        why="the candidates from the smallest up with max_bs last, not first: the small graphs spend the budget "
+        "and the largest batches find no graph",
+        kind="order",
+    ),
+    Mutant(
+        "alias_of_the_engine",
+        STEM,
+        (
+            (_IMPORT, "from minisgl.engine.graph import BucketPlan, GraphInputs, GraphPlan\n"),
+            (_ROWS, _ROWS + "\n\nPaddedPlan = BucketPlan  # noqa: F811\n"),
+        ),
+        must_fail=("candidates", "sizes_random"),
+        hint="the engine's own",
+        why="the lab's name bound to the engine's BucketPlan",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "candidates_from_the_engine",
+        STEM,
+        (
+            (_IMPORT, "from minisgl.engine.graph import GraphInputs, GraphPlan, graph_batch_sizes\n"),
+            (
+                "        small = [bs for bs in self.SMALL if bs < max_bs]\n"
+                "        return small + list(range(self.STEP, max_bs, self.STEP)) + [max_bs]\n",
+                "        return graph_batch_sizes(max_bs)\n",
+            ),
+        ),
+        must_fail=("candidates", "sizes_random"),
+        hint="the engine's own",
+        why="candidates delegates to the engine's graph_batch_sizes",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "bucket_lookup_fails_past_the_largest",
+        STEM,
+        ((_RAISE, ""),),
+        must_fail=("bucket_refuses_a_batch_past_the_largest", "bucket_random"),
+        hint="expected ValueError",
+        why="no ValueError for a batch larger than every graph (an IndexError): once only a hidden test asked",
+        kind="visible_on_cpu",
+    ),
     Mutant(
         "bucket_bisect_right",
         STEM,
@@ -195,13 +290,7 @@ HIDDEN_MUTANTS = [
     Mutant(
         "bucket_without_error",
         STEM,
-        (
-            (
-                "        if n > sizes[-1]:\n"
-                '            raise ValueError(f"no graph holds a batch of {n}: the largest is {sizes[-1]}")\n',
-                "",
-            ),
-        ),
+        ((_RAISE, ""),),
         must_fail=("bucket_refuses_a_batch_larger_than_every_graph",),
         why="a batch larger than every graph raises IndexError (or runs in a graph too small), not ValueError",
     ),

@@ -1,8 +1,9 @@
-"""Broken variants of solutions/lab10_tensor_parallel.py: one per pitfall its docstring names, a correct
-one written another way (``EQUIVALENT``), and two that only the hidden tests catch (``HIDDEN_MUTANTS``:
-a fused size that does not divide by tp silently rounded down, and the replicated KV head picked as
-``rank % num_kv_heads``, which agrees with ``rank * num_kv_heads // tp`` at tp=2 with 1 or 2 KV heads,
-the only cases the visible tests and the tiny models reach)."""
+"""Broken variants of solutions/lab10_tensor_parallel.py: one per pitfall its docstring names, one of each kind
+of ``mutants.KINDS``, a correct one written another way (``EQUIVALENT``), and two that the hidden tests catch
+(``HIDDEN_MUTANTS``: a fused size that does not divide by tp silently rounded down, and the replicated KV
+head picked as ``rank % num_kv_heads``, which agrees with ``rank * num_kv_heads // tp`` at tp=2 with 1 or 2
+KV heads, the only cases the 2-rank tests and the tiny models reach). Both once lost only hidden points; the
+visible tests now play the ranks of tp=3 and tp=4 in-process and catch them too."""
 
 from mutants import Mutant
 
@@ -18,6 +19,13 @@ _ROW_FORWARD = (
     "        return y\n"
 )
 
+_SIZES_CHECK = (
+    "        for n in out_sizes:\n"
+    "            if n % tp.size:\n"
+    '                raise ValueError(f"cannot split output features of size {n} over tp={tp.size}")\n'
+)
+_KV_HEAD = "        head = tp.rank * self.num_kv_heads // tp.size\n"
+
 MUTANTS = [
     Mutant(
         "bias_on_every_rank",
@@ -25,7 +33,102 @@ MUTANTS = [
         ((_ROW_FORWARD, "        return all_reduce(F.linear(x, self.weight, self.bias))\n"),),
         must_fail=("row_parallel_bias_once",),
         hint="bias added on every rank",
-        why="each rank adds the bias to its partial product: the all-reduce sums it tp times",
+        why="the bias added before the all-reduce, not after: the sum counts it tp times",
+        kind="order",
+    ),
+    Mutant(
+        "first_id_of_the_range_dropped",
+        STEM,
+        (
+            (
+                "        mine = (local >= 0) & (local < self.local_vocab)\n",
+                "        mine = (local > 0) & (local < self.local_vocab)\n",
+            ),
+        ),
+        must_fail=("single_rank_layers", "vocab_parallel_embedding"),
+        hint=">= 0, not > 0",
+        why="local > 0 for >= 0: the id at the start of each rank's range (id == start) is nobody's",
+        kind="boundary",
+    ),
+    Mutant(
+        "sizes_checked_by_their_sum",
+        STEM,
+        (
+            (
+                _SIZES_CHECK,
+                "        if sum(out_sizes) % tp.size:\n"
+                '            raise ValueError(f"cannot split output features of size {out_sizes} over tp={tp.size}")\n',
+            ),
+        ),
+        must_fail=("merged_column_refuses_a_size_that_does_not_divide",),
+        hint="their sum",
+        why="the sum of the fused sizes checked, not each: [7, 5] at tp=2 builds with 3 + 2 rows, features dropped",
+        kind="each_part",
+    ),
+    Mutant(
+        "only_the_first_size_checked",
+        STEM,
+        (
+            (
+                "        for n in out_sizes:\n            if n % tp.size:\n",
+                "        for n in out_sizes[:1]:\n            if n % tp.size:\n",
+            ),
+        ),
+        must_fail=("merged_column_refuses_a_size_that_does_not_divide",),
+        hint="the first size",
+        why="only gate's size checked: [6, 5] at tp=2 builds, up's odd size rounded down",
+        kind="one_argument",
+    ),
+    Mutant(
+        "alias_of_the_engine",
+        STEM,
+        (
+            (
+                "# the seam: what the engine builds its decoder from when the grader picks this lab's layers\n",
+                "from minisgl.layers.linear import RowParallelLinear  # noqa: E402, F811\n\n"
+                "# the seam: what the engine builds its decoder from when the grader picks this lab's layers\n",
+            ),
+        ),
+        must_fail=("single_rank_layers", "row_parallel_on_2_ranks"),
+        hint="the engine's own",
+        why="the lab's RowParallelLinear rebound to the engine's",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "derives_from_the_engine",
+        STEM,
+        (
+            (
+                "from minisgl.layers import TPLayers\n",
+                "from minisgl.layers import TPLayers\n"
+                "from minisgl.layers.embedding import VocabParallelEmbedding as _Engine\n",
+            ),
+            ("class VocabParallelEmbedding(nn.Module):\n", "class VocabParallelEmbedding(_Engine):\n"),
+        ),
+        must_fail=("single_rank_layers", "vocab_parallel_embedding"),
+        hint="the engine's own",
+        why="the lab's embedding (and the LM head on it) derives from the engine's VocabParallelEmbedding",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "kv_head_by_rank_mod",
+        STEM,
+        ((_KV_HEAD, "        head = tp.rank % self.num_kv_heads\n"),),
+        must_fail=("qkv_kv_heads_on_each_rank", "kv_heads_at_tp4"),
+        hint="not r % num_kv_heads",
+        why="at tp=4 with 2 KV heads rank 1 takes KV head 1, but its query heads 2, 3 attend with head 0 (once "
+        "only the hidden tests played tp=4)",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "padding_rows_not_zeroed",
+        STEM,
+        (("        param.data.zero_()\n", ""),),
+        must_fail=("embedding_shards_on_each_rank",),
+        hint="padding rows left as they were",
+        why="the last shard's rows past the vocabulary keep torch.empty's garbage (harmless in a forward, against "
+        "the contract: once only a hidden test compared the shard)",
+        kind="visible_on_cpu",
     ),
     Mutant(
         "row_split_by_rows",
@@ -65,7 +168,7 @@ MUTANTS = [
                 "self.num_local_kv_heads = num_kv_heads // tp.size",
             ),
         ),
-        must_fail=("qkv_replicates_kv_heads",),
+        must_fail=("qkv_kv_heads_on_each_rank", "qkv_replicates_kv_heads"),
         hint="KV heads not replicated",
         why="with tp > num_kv_heads a rank gets 0 KV heads",
     ),
@@ -74,11 +177,11 @@ MUTANTS = [
         STEM,
         (
             (
-                "        head = tp.rank * self.num_kv_heads // tp.size\n",
+                _KV_HEAD,
                 "        head = tp.rank * self.num_local_kv_heads\n",
             ),
         ),
-        must_fail=("qkv_replicates_kv_heads",),
+        must_fail=("qkv_kv_heads_on_each_rank", "qkv_replicates_kv_heads"),
         hint="past the checkpoint's KV heads",
         why="the replicated KV head counted as rank * local heads: rank 1 of 2 reads KV head 1 of 1",
     ),
@@ -196,26 +299,14 @@ HIDDEN_MUTANTS = [
     Mutant(
         "sizes_rounded_down",
         STEM,
-        (
-            (
-                "        for n in out_sizes:\n"
-                "            if n % tp.size:\n"
-                '                raise ValueError(f"cannot split output features of size {n} over tp={tp.size}")\n',
-                "",
-            ),
-        ),
+        ((_SIZES_CHECK, ""),),
         must_fail=("sizes_that_do_not_divide",),
         why="8 features over 3 ranks become 2 each: 2 features silently dropped",
     ),
     Mutant(
         "kv_head_rank_mod",
         STEM,
-        (
-            (
-                "        head = tp.rank * self.num_kv_heads // tp.size\n",
-                "        head = tp.rank % self.num_kv_heads\n",
-            ),
-        ),
+        ((_KV_HEAD, "        head = tp.rank % self.num_kv_heads\n"),),
         must_fail=("kv_heads_at_tp4",),
         why="at tp=4 with 2 KV heads rank 1 takes KV head 1, but its query heads 2, 3 attend with head 0",
     ),

@@ -1,8 +1,9 @@
-"""Broken variants of solutions/lab11_detokenizer.py: one per pitfall its docstring names, a correct one
-written another way (``EQUIVALENT``: the whole sequence decoded at every push, the held-back tail
-found longest-first), and two that only the hidden tests catch (``HIDDEN_MUTANTS``: special tokens
-always skipped; the hold-back taken from the first stop string that matches, not the longest over
-all of them). Both passed every visible test when they were written."""
+"""Broken variants of solutions/lab11_detokenizer.py: one per pitfall its docstring names, one of each
+kind of hole (``mutants.KINDS``), a correct one written another way (``EQUIVALENT``: the whole sequence
+decoded at every push, the held-back tail found longest-first), and two that the hidden tests catch
+(``HIDDEN_MUTANTS``: special tokens always skipped; the hold-back taken from the first stop string
+that matches, not the longest over all of them). Both passed every visible test when they were
+written; visible tests catch them now too (the ``visible_on_cpu`` mutants)."""
 
 from mutants import Mutant
 
@@ -146,6 +147,149 @@ MUTANTS = [
         must_fail=("stops_nothing_after_a_stop", "stops_random_streams"),
         hint="text after a stop string was sent",
         why="pieces fed after the stop (the engine's tokens in flight) reach the client",
+    ),
+]
+
+_HOLD = (
+    "        hold = 0\n"
+    "        for s in self.stops:\n"
+    "            for n in range(1, min(len(s), len(buf) + 1)):\n"
+    "                if buf.endswith(s[:n]):\n"
+    "                    hold = max(hold, n)\n"
+)
+_CUT = "            return buf[: min(found)]\n"
+
+# the contract has no input check: nothing of one argument to get wrong alone
+NOT_APPLICABLE = {
+    "one_argument": "the contract states no input check: push takes any ids, feed any text, and a None "
+    "tokenizer or an empty list of stops is a mode of the contract, not an error",
+}
+
+MUTANTS += [
+    Mutant(
+        "window_moves_when_no_text_was_added",
+        STEM,
+        (
+            (
+                "        if new.endswith(REPLACEMENT) or len(new) <= len(old):\n",
+                "        if new.endswith(REPLACEMENT) or len(new) < len(old):\n",
+            ),
+        ),
+        must_fail=("detokenizer_skips_special_tokens_and_no_tokenizer",),
+        hint="the window moved after a push that added no text",
+        why="'no longer than old' read as 'shorter': a skipped special token moves the window, and the next "
+        "SentencePiece token loses its leading space",
+        kind="boundary",
+    ),
+    Mutant(
+        "holds_back_for_the_longest_stop_only",
+        STEM,
+        (
+            (
+                "        for s in self.stops:\n",
+                "        for s in [max(self.stops, key=len)]:\n",
+            ),
+        ),
+        must_fail=("stops_hold_back_a_possible_start", "stops_random_streams"),
+        hint="which may be the start of a stop string",
+        why="the possible start is looked for in the longest stop string only, not in each: a shorter stop's "
+        "start ('\\n' of '\\n\\n') leaks to the client",
+        kind="each_part",
+    ),
+    Mutant(
+        "holds_back_before_searching",
+        STEM,
+        (
+            (_CUT + _HOLD, _CUT),
+            (
+                "        buf = self.pending + text\n" + _FOUND,
+                "        buf = self.pending + text\n"
+                + _HOLD
+                + "        found = [at for at in (buf[: len(buf) - hold].find(s) for s in self.stops) if at != -1]\n",
+            ),
+        ),
+        must_fail=("stops_cut_at_the_stop_string", "stops_random_streams"),
+        hint="you missed a stop string inside this piece",
+        why="the possible start is held back first and the stop strings searched in the rest: a stop that ends "
+        "where the piece ends, and whose end begins another stop, is missed",
+        kind="order",
+    ),
+    Mutant(
+        "window_moves_read_first",
+        STEM,
+        (
+            (
+                "        self.prefix, self.read = self.read, len(self.ids)\n        return new[len(old) :]\n",
+                "        self.read = len(self.ids)\n        self.prefix = self.read\n        return new[len(old) :]\n",
+            ),
+        ),
+        must_fail=("detokenizer_keeps_spacing", "detokenizer_random_streams"),
+        hint="spaces were lost",
+        why="read moves before prefix, so prefix = len(ids): the next window holds no context, and a "
+        "SentencePiece token loses its leading space",
+        kind="order",
+    ),
+    Mutant(
+        "hold_back_from_the_first_matching_stop_visibly",
+        STEM,
+        (
+            (
+                "                    hold = max(hold, n)\n",
+                "                    hold = max(hold, n)\n            if hold:\n                break\n",
+            ),
+        ),
+        must_fail=("stops_hold_back_a_possible_start", "stops_random_streams"),
+        hint="which may be the start of a stop string",
+        why="once a hidden-test-only bug: a later stop string's longer possible start leaks to the client",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "always_skips_special_tokens_visibly",
+        STEM,
+        (
+            (
+                "        return self.tokenizer.decode(ids, skip_special_tokens=self.skip)\n",
+                "        return self.tokenizer.decode(ids, skip_special_tokens=True)\n",
+            ),
+        ),
+        must_fail=("detokenizer_skip_special_tokens_false",),
+        hint="special tokens were skipped although skip_special_tokens=False",
+        why="once a hidden-test-only bug: skip_special_tokens=False is ignored",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "text_streams_of_the_engine",
+        STEM,
+        (
+            (
+                "from minisgl.tokenizer.detokenizer import Detokenizer, StopStrings, TextStreams\n",
+                "from minisgl.tokenizer.detokenizer import Detokenizer, StopStrings, TextStreams, text_streams\n",
+            ),
+            ("TEXT_STREAMS = TextStreams(LabDetokenizer, LabStopStrings)\n", "TEXT_STREAMS = text_streams()\n"),
+        ),
+        must_fail=("detokenizer_joins_to_the_full_decode", "stops_random_streams"),
+        hint="the engine's own",
+        why="the lab's classes are written, but the server is given the engine's (TEXT_STREAMS of the default): "
+        "only the server test, in other processes, would run them",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "push_delegates_to_the_engine",
+        STEM,
+        (
+            (
+                "from minisgl.tokenizer.detokenizer import Detokenizer, StopStrings, TextStreams\n",
+                "from minisgl.tokenizer.detokenizer import Detokenizer, IncrementalDecoder, StopStrings, TextStreams\n",
+            ),
+            (
+                "        self.ids += list(token_ids)\n",
+                "        return IncrementalDecoder.push(self, token_ids)\n",
+            ),
+        ),
+        must_fail=("detokenizer_joins_to_the_full_decode", "stops_random_streams"),
+        hint="the engine's own",
+        why="push is the engine's IncrementalDecoder.push run on the lab's own fields",
+        kind="engine_reference",
     ),
 ]
 

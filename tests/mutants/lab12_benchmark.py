@@ -1,7 +1,8 @@
-"""Broken variants of solutions/lab12_benchmark.py: one per pitfall its docstring names, a correct one
-written another way (``EQUIVALENT``), and two that only the hidden tests catch (``HIDDEN_MUTANTS``:
-zero gaps dropped from the ITLs, and KV heads / LM-head rows split with a floor, which agree with the
-correct code whenever the split is exact, as in every visible test)."""
+"""Broken variants of solutions/lab12_benchmark.py: one per pitfall its docstring names, one of each kind
+of hole (``mutants.KINDS``), a correct one written another way (``EQUIVALENT``), and two that the hidden
+tests catch (``HIDDEN_MUTANTS``: zero gaps dropped from the ITLs, and KV heads / LM-head rows split with
+a floor, which agree with the correct code whenever the split is exact). Both passed every visible test
+when they were written; visible tests catch them now too (the ``visible_on_cpu`` mutants)."""
 
 from mutants import Mutant
 
@@ -209,6 +210,156 @@ MUTANTS = [
         must_fail=("roofline",),
         hint="tokens_per_s = batch_size / step_s",
         why="tensor parallelism counted as tp times the tokens: the ranks share one batch",
+    ),
+]
+
+MUTANTS += [
+    Mutant(
+        "tpot_needs_three_tokens",
+        STEM,
+        (
+            (
+                "    tpot = (req.finish - first) / (n - 1) if n >= 2 else None\n",
+                "    tpot = (req.finish - first) / (n - 1) if n > 2 else None\n",
+            ),
+        ),
+        must_fail=("request_tpot_itls", "request_ttft_e2e", "trace_random"),
+        hint="a request of two output tokens has a TPOT",
+        why="n > 2 where the contract says n >= 2: a request of exactly two tokens gets no TPOT",
+        kind="boundary",
+    ),
+    Mutant(
+        "throughput_at_zero_duration",
+        STEM,
+        (
+            (
+                '        "request_throughput": len(completed) / duration if duration > 0 else math.nan,\n'
+                '        "output_throughput": tokens / duration if duration > 0 else math.nan,\n',
+                '        "request_throughput": len(completed) / duration if duration >= 0 else math.nan,\n'
+                '        "output_throughput": tokens / duration if duration >= 0 else math.nan,\n',
+            ),
+        ),
+        must_fail=("trace_edge_cases", "trace_random"),
+        hint="not positive (0 included) is nan",
+        why="duration >= 0 where the contract says > 0: a span of exactly 0 divides by zero",
+        kind="boundary",
+    ),
+    Mutant(
+        "mlp_bias_follows_attention_bias",
+        STEM,
+        (("    if cfg.mlp_bias:\n", "    if cfg.attention_bias:\n"),),
+        must_fail=("param_count",),
+        hint="each bias flag on its own",
+        why="the MLP biases are counted when attention_bias is set: right whenever both flags agree, as in every "
+        "real config and in a config with both",
+        kind="one_argument",
+    ),
+    Mutant(
+        "tp_divides_the_whole_model",
+        STEM,
+        (
+            (
+                "    heads = cfg.num_heads // tp\n"
+                "    kv_heads = math.ceil(cfg.num_kv_heads / tp)\n"
+                "    mlp_cols = cfg.intermediate_size // tp\n",
+                "    heads, kv_heads, mlp_cols = cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size\n",
+            ),
+            ("    lm_head = math.ceil(cfg.vocab_size / tp) * hidden\n", "    lm_head = cfg.vocab_size * hidden\n"),
+            (
+                "    return StepBytes(weights=weights, kv=batch_size * context_len * kv_per_position)\n",
+                "    return StepBytes(weights=weights / tp, kv=batch_size * context_len * kv_per_position / tp)\n",
+            ),
+        ),
+        must_fail=("step_bytes_tp",),
+        hint="each part splits on its own, not the whole model divided by tp",
+        why="one GPU's bytes as the whole model's over tp: right whenever every part splits exactly (KV heads, "
+        "vocabulary), as in tp 2, 4, 8 on the real configs",
+        kind="each_part",
+    ),
+    Mutant(
+        "summary_p99_before_p90",
+        STEM,
+        (
+            (
+                '        "p90": percentile(values, 90),\n        "p99": percentile(values, 99),\n',
+                '        "p99": percentile(values, 99),\n        "p90": percentile(values, 90),\n',
+            ),
+        ),
+        must_fail=("summary", "trace_random"),
+        hint="the same keys in another order",
+        why="the summary's keys out of the order the contract states (mean, p50, p90, p99)",
+        kind="order",
+    ),
+    Mutant(
+        "percentile_ranks_before_sorting",
+        STEM,
+        (("    xs = sorted(values)\n", "    xs = list(values)\n"),),
+        must_fail=("percentile_fixed", "percentile_random"),
+        hint="sort the values first",
+        why="the rank is taken in the values' own order: sort first, then rank",
+        kind="order",
+    ),
+    Mutant(
+        "zero_gaps_dropped_visibly",
+        STEM,
+        (("        itls.extend(m.itls)\n", "        itls.extend(g for g in m.itls if g > 0)\n"),),
+        must_fail=("trace_latencies", "trace_random"),
+        hint="gaps of 0",
+        why="once a hidden-test-only bug: tokens that arrive in one chunk (gaps of 0) are left out of the ITLs",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "tp_split_rounded_down_visibly",
+        STEM,
+        (
+            ("    kv_heads = math.ceil(cfg.num_kv_heads / tp)\n", "    kv_heads = cfg.num_kv_heads // tp\n"),
+            (
+                "    lm_head = math.ceil(cfg.vocab_size / tp) * hidden\n",
+                "    lm_head = cfg.vocab_size // tp * hidden\n",
+            ),
+        ),
+        must_fail=("step_bytes_tp",),
+        hint="ceil(num_kv_heads / tp) KV heads per GPU",
+        why="once a hidden-test-only bug: KV heads and LM-head rows split with a floor (no KV head when "
+        "tp > num_kv_heads, a shard short when tp does not divide the vocabulary)",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "latency_metrics_of_the_engine",
+        STEM,
+        (
+            (
+                '    # BEGIN SOLUTION hint="completed vs aborted; duration or the span; throughputs; pooled samples; '
+                'summary() each"\n',
+                '    # BEGIN SOLUTION hint="completed vs aborted; duration or the span; throughputs; pooled samples; '
+                'summary() each"\n'
+                "    from minisgl.benchmark import metrics\n\n"
+                "    return metrics.latency_metrics(trace, duration)\n",
+            ),
+        ),
+        must_fail=("trace_latencies", "trace_random"),
+        hint="the engine's own",
+        why="latency_metrics delegates to the engine's; the other functions are the lab's own",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "summary_is_the_online_benchmarks",
+        STEM,
+        (
+            (
+                "from minisgl.benchmark.metrics import RequestMetrics, RequestTrace\n",
+                "from minisgl.benchmark.metrics import RequestMetrics, RequestTrace\n"
+                "from minisgl.benchmark.online import percentiles\n",
+            ),
+            (
+                "def request_metrics(req: RequestTrace) -> RequestMetrics:\n",
+                "summary = percentiles  # noqa: F811\n\n\ndef request_metrics(req: RequestTrace) -> RequestMetrics:\n",
+            ),
+        ),
+        must_fail=("summary", "trace_random"),
+        hint="the engine's own",
+        why="summary is the online benchmark's percentiles() under the lab's name",
+        kind="engine_reference",
     ),
 ]
 

@@ -1,6 +1,8 @@
-"""Broken variants of solutions/lab13_jit_kernel.py: one per pitfall its docstring names (each C++ edit
-is a new source, so each mutant compiles once, ~2 s), a correct one written another way
-(``EQUIVALENT``), and two that pass every visible test and fail a hidden one (``HIDDEN_MUTANTS``)."""
+"""Broken variants of solutions/lab13_jit_kernel.py: one per pitfall its docstring names and one of each
+kind of hole (``mutants.KINDS``; each C++ edit is a new source, so each mutant compiles once, ~2 s), a
+correct one written another way (``EQUIVALENT``), and two that the hidden tests catch
+(``HIDDEN_MUTANTS``). Both passed every visible test when they were written; visible tests catch them
+now too (``fast_path_checks_only_a_visibly``, ``one_stride_for_both_visibly``)."""
 
 from mutants import Mutant
 
@@ -138,6 +140,117 @@ MUTANTS = [
         ),
         hint="your C++ source did not compile",
         why="a missing ';': every test fails with the compiler's first error, none crashes the grader",
+    ),
+]
+
+_NDIM = '  if (a.ndim() != 1 || b.ndim() != 1) TVM_FFI_THROW(ValueError) << "prefix_len takes two 1-D tensors";\n'
+_DTYPE = '  if (a.dtype() != i64 || b.dtype() != i64) TVM_FFI_THROW(TypeError) << "prefix_len takes int64 tensors";\n'
+
+MUTANTS += [
+    Mutant(
+        "loop_bound_inclusive",
+        STEM,
+        (
+            (CONTIGUOUS_LOOP, "    while (i <= n && pa[i] == pb[i]) ++i;"),
+            (STRIDED_LOOP, "    while (i <= n && pa[i * sa] == pb[i * sb]) ++i;"),
+        ),
+        must_fail=("stops_at_the_shorter_array", "random_arrays_match_python"),
+        hint="reading past the shorter array",
+        why="i <= n where the contract says i <= min(len) for the answer, i < n for the elements read: the "
+        "element past the shorter array is compared too",
+        kind="boundary",
+    ),
+    Mutant(
+        "ndim_zero_accepted",
+        STEM,
+        ((_NDIM, _NDIM.replace("a.ndim() != 1 || b.ndim() != 1", "a.ndim() > 1 || b.ndim() > 1")),),
+        must_fail=("rejects_other_shapes",),
+        hint="a 0-D tensor has no size(0)",
+        why="ndim > 1 rejected where the contract says ndim == 1: a 0-D tensor reaches size(0), which raises "
+        "IndexError",
+        kind="boundary",
+    ),
+    Mutant(
+        "dtype_checked_on_a_only",
+        STEM,
+        ((_DTYPE, _DTYPE.replace("a.dtype() != i64 || b.dtype() != i64", "a.dtype() != i64")),),
+        must_fail=("rejects_other_dtypes",),
+        hint="each tensor is checked on its own",
+        why="the dtype check looks at a only: an int32 b is read as int64",
+        kind="one_argument",
+    ),
+    Mutant(
+        "fast_path_checks_only_a_visibly",
+        STEM,
+        (("  if (sa == 1 && sb == 1) {", "  if (sa == 1) {"),),
+        must_fail=("strided_views", "random_arrays_match_python"),
+        hint="each tensor has its own layout",
+        why="the contiguous loop runs when a alone is contiguous (the stride check looks at one argument): a "
+        "strided b is read as contiguous (once a hidden-test-only bug)",
+        kind="one_argument",
+    ),
+    Mutant(
+        "dtype_checked_by_bits_only",
+        STEM,
+        (
+            (
+                _DTYPE,
+                '  if (a.dtype().bits != 64 || b.dtype().bits != 64) TVM_FFI_THROW(TypeError) << "64-bit ids only";\n',
+            ),
+        ),
+        must_fail=("rejects_other_dtypes",),
+        hint="compare the whole DLDataType",
+        why="the dtype's size checked where each of its parts (type code, bits, lanes) must hold: float64 passes",
+        kind="each_part",
+    ),
+    Mutant(
+        "empty_shortcut_before_the_checks",
+        STEM,
+        ((_NDIM, "  if (a.size(0) == 0 || b.size(0) == 0) return 0;  // nothing to compare\n" + _NDIM),),
+        must_fail=("rejects_other_dtypes",),
+        hint="check the inputs first",
+        why="a shortcut for empty arrays runs before the input checks the contract puts first: an empty int32 "
+        "tensor returns 0",
+        kind="order",
+    ),
+    Mutant(
+        "one_stride_for_both_visibly",
+        STEM,
+        ((STRIDED_LOOP, "    while (i < n && pa[i * sa] == pb[i * sa]) ++i;"),),
+        must_fail=("strided_views", "random_arrays_match_python"),
+        hint="each tensor has its own stride(0)",
+        why="once a hidden-test-only bug: a's stride is used for b too, right whenever both share one layout",
+        kind="visible_on_cpu",
+    ),
+    Mutant(
+        "prefix_len_of_the_engine",
+        STEM,
+        (
+            (
+                "    return int(build().prefix_len(a, b))\n",
+                "    from minisgl.kvcache.radix import common_prefix_len\n\n"
+                "    return common_prefix_len(a.tolist(), b.tolist())\n",
+            ),
+        ),
+        must_fail=("docstring_examples", "random_arrays_match_python"),
+        hint="the engine's own",
+        why="prefix_len is the engine's Python compare on lists (correct, and no kernel)",
+        kind="engine_reference",
+    ),
+    Mutant(
+        "prefix_len_is_the_radix_caches",
+        STEM,
+        (
+            (
+                "def prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:\n",
+                "from minisgl.kvcache.radix import RadixPrefixCache  # noqa: E402\n\n"
+                "prefix_len = RadixPrefixCache.prefix_len\n\n\ndef _unused(a: torch.Tensor, b: torch.Tensor) -> int:\n",
+            ),
+        ),
+        must_fail=("docstring_examples", "random_arrays_match_python"),
+        hint="the engine's own",
+        why="prefix_len is the radix cache's own key compare, taken from the class",
+        kind="engine_reference",
     ),
 ]
 

@@ -49,12 +49,12 @@ def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
     partners = {module.STEM: module.RANDOMIZED for module in lab_modules()}
     for m in MUTANTS:  # unit tests, and only the engine tests that must fail (each costs seconds)
         selection = m.selection(partners[m.stem])
-        jobs[f"mutant:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", selection]
+        jobs[f"mutant:{m.key}"] = [m.lab, "--impl", str(m.write(tmp / m.key)), "-k", selection]
     for m in EQUIVALENTS:
-        jobs[f"equivalent:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / m.name)), "-k", "not engine"]
+        jobs[f"equivalent:{m.key}"] = [m.lab, "--impl", str(m.write(tmp / m.key)), "-k", "not engine"]
     for m in HIDDEN_MUTANTS:  # only the hidden tests it must fail: a few seconds each
         only = " or ".join(sorted({name.split("[")[0] for name in m.must_fail}))
-        jobs[f"hidden:{m.name}"] = [m.lab, "--impl", str(m.write(tmp / f"hidden-{m.name}")), "-k", only]
+        jobs[f"hidden:{m.key}"] = [m.lab, "--impl", str(m.write(tmp / f"hidden-{m.key}")), "-k", only]
     direct = [sys.executable, "-m", "pytest", "autograder", "-k", "lab06 and not engine", "--impl", "solutions"]
     direct += ["-q", "-p", "no:cacheprovider"]
     # two labs in one pytest process: lab 08's loop runs the engine's lab 07 policy through the scheduler,
@@ -87,9 +87,9 @@ def test_solutions_score_full(runs):
 
 
 # ---- mutants ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.key for m in MUTANTS])
 def test_mutant_loses_points(runs, mutant):
-    run = runs[f"mutant:{mutant.name}"]
+    run = runs[f"mutant:{mutant.key}"]
     assert run.results is not None, f"the grader wrote no results.json for mutant {mutant.name}\n{run.explain()}"
     tests = run.tests()
     assert run.results["score"] < run.results["max_score"], (
@@ -123,6 +123,14 @@ def test_mutant_loses_points(runs, mutant):
     assert run.returncode == 1
 
 
+def test_mutants_are_named_once_per_lab():
+    """A grading run is keyed by lab and name: two mutants of one lab with one name would share it (a
+    hidden-test mutant may repeat a visible one's name: it is graded in a run of its own kind)."""
+    for group in (all_mutants(), all_hidden_mutants(), all_equivalents()):
+        keys = [m.key for m in group]
+        assert len(keys) == len(set(keys)), sorted({k for k in keys if keys.count(k) > 1})
+
+
 def test_every_lab_has_a_mutant_of_each_kind():
     """Every class of hole a careful student finds (mutants.KINDS) has a mutant in every lab where it
     can occur; where it cannot, the lab's mutant module says why."""
@@ -138,9 +146,9 @@ def test_every_lab_has_a_mutant_of_each_kind():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("mutant", HIDDEN_MUTANTS, ids=[m.name for m in HIDDEN_MUTANTS])
+@pytest.mark.parametrize("mutant", HIDDEN_MUTANTS, ids=[m.key for m in HIDDEN_MUTANTS])
 def test_hidden_tests_catch_their_mutant(runs, mutant):
-    run = runs[f"hidden:{mutant.name}"]
+    run = runs[f"hidden:{mutant.key}"]
     assert run.results is not None, f"the grader wrote no results.json for mutant {mutant.name}\n{run.explain()}"
     tests = run.tests()
     for name in mutant.must_fail:
@@ -149,10 +157,10 @@ def test_hidden_tests_catch_their_mutant(runs, mutant):
         assert t["status"] == "failed", f"mutant {mutant.name} ({mutant.why}) passes {name}\n{run.explain()}"
 
 
-@pytest.mark.parametrize("equivalent", EQUIVALENTS, ids=[m.name for m in EQUIVALENTS])
+@pytest.mark.parametrize("equivalent", EQUIVALENTS, ids=[m.key for m in EQUIVALENTS])
 def test_correct_variants_keep_every_point(runs, equivalent):
     """The strict checks (bit for bit in bfloat16, exact eviction order) accept other correct code."""
-    run = runs[f"equivalent:{equivalent.name}"]
+    run = runs[f"equivalent:{equivalent.key}"]
     assert run.results is not None, f"the grader wrote no results.json for {equivalent.name}\n{run.explain()}"
     failed = {n: t["output"] for n, t in run.tests().items() if t["status"] != "passed"}
     assert not failed, f"{equivalent.name}, a correct solution written differently, lost points: {failed}"

@@ -47,6 +47,11 @@ class Mutant:
     def lab(self) -> str:
         return self.stem.split("_")[0]
 
+    @property
+    def key(self) -> str:
+        """``lab07-derives_from_the_engine``: unique across labs (two labs may name a mutant alike)."""
+        return f"{self.lab}-{self.name}"
+
     def selection(self, partners: dict[str, str] | None = None) -> str:
         """The tests to grade it on (``-k``): the unit tests, and an engine test (slow) only where
         it must fail. A mutant of one of ``KINDS`` other than ``engine_reference`` (which must

@@ -83,6 +83,7 @@ def lab_test_files(stem: str, hidden: bool) -> list[Path]:
 
 
 PROGRESS_EVERY = 20.0  # seconds between two progress lines of a lab still being graded
+STARTUP_S = 6.0  # a lab's grading process: Python, torch, the test files, the pace (reference machine)
 
 
 def grade_lab(
@@ -123,10 +124,12 @@ def grade_lab(
         if select:
             cmd += ["-k", select]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", impl.ENV: str(folder)}
-        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            proc = subprocess.Popen(
-                cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True
-            )
+        # files, not pipes: nobody reads a pipe while the lab runs; what a test printed may not be UTF-8
+        with (
+            tempfile.TemporaryFile("w+", errors="replace") as out,
+            tempfile.TemporaryFile("w+", errors="replace") as err,
+        ):
+            proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
             start = last = time.monotonic()
             while proc.poll() is None:
                 time.sleep(0.2)
@@ -165,17 +168,14 @@ def estimate(stems: list[str], jobs: int, at_pace: float) -> str:
     """How long grading ``stems`` takes here at most (every test run to its end, as for a finished
     lab): the reference solution's recorded times (``timings.json``), at this machine's pace."""
     times = pace.reference_times()
+    if not times:
+        return ""
     per_lab = [
         STARTUP_S + sum(v for k, v in times.items() if k.startswith(stem.split("_")[0] + ": ")) for stem in stems
     ]
-    if not times:
-        return ""
     seconds = sum(per_lab) * at_pace / max(1, min(jobs, len(stems)))
     shown = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
     return f"at most about {shown} here (a lab whose functions still raise NotImplementedError takes seconds)"
-
-
-STARTUP_S = 6.0  # a lab's grading process: Python, torch, the test files, the pace (reference machine)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parent.parent
 ENV = "MINISGL_LAB_IMPL"
 _loaded: dict[Path, ModuleType] = {}
+_original: set[tuple[Path, str, int]] = set()  # (lab file, attr, id of the object) that passed check_object
 
 
 def resolve_folder(name: str | os.PathLike | None) -> Path:
@@ -68,5 +69,8 @@ def require(stem: str, attr: str):
             f"{lab_file(stem).name} has no {attr!r}: keep the names and signatures of the lab file "
             "(the grader calls them)"
         ) from None
-    check_object(stem, attr, obj, lab_file(stem))  # never the engine's own implementation
+    key = (lab_file(stem), attr, id(obj))
+    if key not in _original:  # adapters call require() at every call of a lab function: check once
+        check_object(stem, attr, obj, key[0])  # never the engine's own implementation
+        _original.add(key)
     return obj

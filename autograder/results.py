@@ -21,7 +21,6 @@ class Results:
         self.collected: list[dict] = []  # metadata of every collected lab test, in order
         self.records: dict[str, dict] = {}  # nodeid -> outcome, message, output, duration
         self.errors: list[str] = []  # collection errors: the grader itself is broken
-        self.engine: dict[str, bool] = {}  # nodeid -> whether it runs the engine (@engine)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for item in session.items:
@@ -31,8 +30,8 @@ class Results:
                 meta.update(points=item_points(item)[0], visibility=item_visibility(item))
                 # its time limit: declared for the reference machine, and here (scaled by the pace)
                 meta.update(declared_limit=item_points(item)[1], limit=round(item_timeout(item), 3))
+                meta.update(engine=item.get_closest_marker("engine") is not None)
                 self.collected.append(dict(nodeid=item.nodeid, **meta))
-                self.engine[item.nodeid] = item.get_closest_marker("engine") is not None
         self._tick(f"collected {len(self.collected)}")
 
     def _tick(self, line: str) -> None:
@@ -44,9 +43,7 @@ class Results:
 
     def lab_unimplemented(self, stem: str) -> bool:
         """Whether every unit test of ``stem`` graded so far (at least one) raised NotImplementedError."""
-        units = [
-            self.records.get(m["nodeid"]) for m in self.collected if m["stem"] == stem and not self.engine[m["nodeid"]]
-        ]
+        units = [self.records.get(m["nodeid"]) for m in self.collected if m["stem"] == stem and not m["engine"]]
         return bool(units) and all(r is not None and r["message"].startswith("not implemented yet") for r in units)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:

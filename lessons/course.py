@@ -12,9 +12,10 @@ An exercise that *is* the reference, or calls it, is open too: it is the engine'
 ``check`` returns what the rest of the lesson uses: your function once it agrees, the engine's until
 then. So a notebook runs top to bottom with every exercise open (that is how CI runs it).
 
-**Explorer.** ``explorer(draw, actions)`` shows buttons that change some state (step the scheduler,
-insert into a radix tree, ...) and redraws it. Without a live frontend (CI, GitHub, plain Python)
-the buttons cannot work, so it always shows a static picture of the current state as well.
+**Explorer.** ``explorer(draw, actions, knobs=...)`` shows controls that change some state and
+redraw it: sliders and dropdowns (``Slider``, ``Choice``) for a knob the picture is a function of,
+buttons for a step (step the scheduler, insert into a radix tree, ...). Without a live frontend (CI,
+GitHub, plain Python) the controls cannot work, so it always shows a static picture as well.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 import textwrap
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 RESULTS: dict[str, str] = {}  # exercise name -> "pass" | "fail" | "open", in the order checked
@@ -223,13 +225,55 @@ def _torch():
 
 
 # ---- the explorer ------------------------------------------------------------------------------
-class Explorer:
-    """State behind buttons: ``press(label, text)`` runs an action and returns the new picture."""
+@dataclass(frozen=True)
+class Slider:
+    """A continuous (or integer) knob: a slider from ``lo`` to ``hi`` in steps of ``step``, starting at
+    ``value``. All four ints make an integer slider."""
 
-    def __init__(self, draw: Callable[[], Any], actions: Mapping[str, Callable[..., Any]], text: str | None):
-        self.draw, self.actions, self.text = draw, dict(actions), text
-        self.picture: Any = None  # the last picture drawn (a matplotlib Figure or a str)
+    lo: float
+    hi: float
+    step: float
+    value: float
+
+    def __post_init__(self):
+        if not self.lo <= self.value <= self.hi or self.step <= 0:
+            raise ValueError(f"Slider needs lo <= value <= hi and step > 0, got {self}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A knob with a few named settings: a dropdown over ``options``, starting at ``value``."""
+
+    options: tuple
+    value: Any
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", tuple(self.options))
+        if self.value not in self.options:
+            raise ValueError(f"Choice: {self.value!r} is not one of {self.options}")
+
+
+class Explorer:
+    """State behind the controls. ``press(label, text)`` runs an action, ``turn(name, value)`` sets a
+    knob; both return the new picture (a matplotlib Figure or a str), which ``draw`` makes from the
+    knobs' values (passed as keyword arguments when there are knobs)."""
+
+    def __init__(
+        self,
+        draw: Callable[..., Any],
+        actions: Mapping[str, Callable[..., Any]],
+        text: str | None,
+        knobs: Mapping[str, Slider | Choice],
+    ):
+        self.draw_fn, self.actions, self.text = draw, dict(actions), text
+        self.knobs = dict(knobs)
+        self.values: dict[str, Any] = {name: k.value for name, k in self.knobs.items()}
+        self.picture: Any = None  # the last picture drawn
         self.widget: Any = None  # the controls, when a live kernel shows them
+
+    def draw(self) -> Any:
+        self.picture = self.draw_fn(**self.values)
+        return self.picture
 
     def press(self, label: str, text: str | None = None) -> Any:
         action = self.actions[label]
@@ -237,65 +281,133 @@ class Explorer:
             action()
         else:
             action(self.text if text is None else text)
-        self.picture = self.draw()
-        return self.picture
+        return self.draw()
+
+    def turn(self, name: str, value: Any) -> Any:
+        knob = self.knobs[name]
+        if isinstance(knob, Choice) and value not in knob.options:
+            raise ValueError(f"{name}: {value!r} is not one of {knob.options}")
+        if isinstance(knob, Slider) and not knob.lo <= value <= knob.hi:
+            raise ValueError(f"{name}: {value!r} is outside [{knob.lo}, {knob.hi}]")
+        self.values[name] = value
+        return self.draw()
 
 
 def explorer(
-    draw: Callable[[], Any],
-    actions: Mapping[str, Callable[..., Any]],
+    draw: Callable[..., Any],
+    actions: Mapping[str, Callable[..., Any]] | None = None,
     *,
     text: str | None = None,
+    knobs: Mapping[str, Slider | Choice] | None = None,
     caption: str = "the state when this cell ran",
 ) -> Explorer:
-    """Buttons (one per action, plus a text box when ``text`` is its starting value: the actions
-    then take that text) that change some state and redraw ``draw()``: a matplotlib Figure or a
-    str. Always shows a static picture of the current state; in a live notebook the buttons redraw
-    under it. Headless (CI, nbconvert, plain Python) the static picture is all there is."""
-    ex = Explorer(draw, actions, text)
+    """Controls that change some state and redraw ``draw(**knob values)``: a matplotlib Figure or a
+    str. ``knobs`` maps a name to a ``Slider`` or a ``Choice`` (the picture is a function of them);
+    ``actions`` maps a button label to a function that changes state (with ``text``, a text box whose
+    value the actions take). Always shows a static picture of the current state; in a live notebook
+    the controls redraw the picture in the widget under it. Headless (CI, nbconvert, plain Python)
+    the static picture is all there is."""
+    ex = Explorer(draw, actions or {}, text, knobs or {})
+    if not ex.actions and not ex.knobs:
+        raise ValueError("explorer needs at least one action or knob")
+    ex.draw()
     live = _live_kernel()
     if live:
-        import ipywidgets as w
-
-        box = w.Text(value=text, layout=w.Layout(width="32em")) if text is not None else None
-        out = w.Output()
-
-        def on_click(button):
-            with out:
-                out.clear_output(wait=True)
-                try:
-                    picture = ex.press(button.description, box.value if box is not None else None)
-                except Exception as e:  # a bad input: say so, keep the explorer alive
-                    print(f"{button.description}: {type(e).__name__}: {e}")
-                    return
-                print(f"after '{button.description}'" + (f" {box.value!r}" if box is not None else "") + ":")
-                show(picture)
-
-        buttons = [w.Button(description=label) for label in ex.actions]
-        for b in buttons:
-            b.on_click(on_click)
-        ex.widget = w.VBox(([box] if box is not None else []) + [w.HBox(buttons)])
-        _display_widget(ex.widget, f"[buttons: {' · '.join(ex.actions)}; they need a live notebook]")
-    print(f"Static picture: {caption}." + (" The buttons above redraw below it." if live else ""))
-    ex.picture = draw()
+        ex.widget = _controls(ex)
+        names = " · ".join([*ex.knobs, *ex.actions])
+        _display_widget(ex.widget, f"[controls: {names}; they need a live notebook]")
+    print(f"Static picture: {caption}." + (" The controls above redraw the picture under them." if live else ""))
     show(ex.picture)
-    if live:
-        _display_widget(out, "")
     return ex
 
 
+def _controls(ex: Explorer) -> Any:
+    """The ipywidgets for ``ex``: knobs, buttons, a status line and the picture. The picture is an
+    Image widget fed PNG bytes (or an HTML <pre> for text): a callback never goes through
+    display() and the inline backend, whose output from a widget callback can come out blank."""
+    import ipywidgets as w
+
+    status = w.HTML(value="")
+    image = w.Image(format="png", layout=w.Layout(display="none", max_width="100%"))
+    textview = w.HTML(layout=w.Layout(display="none"))
+    box = w.Text(value=ex.text, layout=w.Layout(width="32em")) if ex.text is not None else None
+
+    def redraw(what: str, change: Callable[[], Any]) -> None:
+        try:
+            picture = change()
+        except Exception as e:  # a bad input: say so, keep the explorer alive
+            status.value = _html_line(f"{what}: {type(e).__name__}: {e}")
+            return
+        status.value = _html_line(f"after {what}:")
+        if isinstance(picture, str):
+            textview.value = "<pre>" + _escape(picture) + "</pre>"
+            textview.layout.display, image.layout.display = None, "none"
+        else:
+            image.value = png_bytes(picture)
+            image.layout.display, textview.layout.display = None, "none"
+
+    rows = []
+    for name, knob in ex.knobs.items():
+        if isinstance(knob, Choice):
+            control = w.Dropdown(options=list(knob.options), value=knob.value, description=name)
+        elif all(isinstance(v, int) for v in (knob.lo, knob.hi, knob.step, knob.value)):
+            control = w.IntSlider(min=knob.lo, max=knob.hi, step=knob.step, value=knob.value, description=name)
+        else:
+            control = w.FloatSlider(min=knob.lo, max=knob.hi, step=knob.step, value=knob.value, description=name)
+        control.style.description_width = "initial"
+        # continuous_update=False: a drag redraws once, where it is released
+        if hasattr(control, "continuous_update"):
+            control.continuous_update = False
+
+        def on_change(change, name=name):
+            redraw(f"{name} = {change['new']}", lambda: ex.turn(name, change["new"]))
+
+        control.observe(on_change, names="value")
+        rows.append(control)
+    buttons = []
+    for label in ex.actions:
+        button = w.Button(description=label)
+
+        def on_click(_, label=label):
+            value = box.value if box is not None else None
+            redraw(f"'{label}'" + (f" {value!r}" if box is not None else ""), lambda: ex.press(label, value))
+
+        button.on_click(on_click)
+        buttons.append(button)
+    if buttons:
+        rows.append(w.HBox(([box] if box is not None else []) + buttons))
+    return w.VBox(rows + [status, image, textview])
+
+
+def png_bytes(fig: Any) -> bytes:
+    """A matplotlib Figure as PNG bytes (drawn on a white background: never transparent)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+    if type(fig).__module__.startswith("matplotlib"):
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _html_line(text: str) -> str:
+    return "<code>" + _escape(text) + "</code>"
+
+
 def show(picture: Any) -> None:
-    """Display a Figure (and close it, so the inline backend does not show it twice) or print text."""
+    """Display a Figure as a PNG (and close it, so the inline backend does not show it twice) or print text."""
     if isinstance(picture, str):
         print(picture)
         return
-    from IPython.display import display
+    from IPython.display import Image, display
 
-    display(picture)
-    if type(picture).__module__.startswith("matplotlib"):
-        import matplotlib.pyplot as plt
-
-        plt.close(picture)
+    display(Image(data=png_bytes(picture), format="png"))
 
 
 def _display_widget(widget: Any, text: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 _PATH = Path(__file__).resolve().parent.parent / "lessons" / "course.py"
 _spec = importlib.util.spec_from_file_location("lesson_course", _PATH)
 course = importlib.util.module_from_spec(_spec)
+sys.modules["lesson_course"] = course  # dataclasses look their module up there
 _spec.loader.exec_module(course)
 
 

@@ -80,10 +80,10 @@ def test_glossary_points_at_lessons_and_sections_that_exist():
 
 
 def test_numbers_md_is_current():
-    spec = importlib.util.spec_from_file_location("lesson_numbers", LESSONS / "numbers.py")
+    spec = importlib.util.spec_from_file_location("lesson_make_numbers", LESSONS / "make_numbers.py")
     numbers = importlib.util.module_from_spec(spec)
-    sys.modules["lesson_numbers"] = numbers
+    sys.modules["lesson_make_numbers"] = numbers
     spec.loader.exec_module(numbers)
-    assert numbers.main(["--check"]) == 0, "lessons/NUMBERS.md is stale: run python lessons/numbers.py"
+    assert numbers.main(["--check"]) == 0, "lessons/NUMBERS.md is stale: run python lessons/make_numbers.py"
     table = (LESSONS / "NUMBERS.md").read_text()
     assert "h200.json" in table, "NUMBERS.md lost the recorded H200 runs the lessons read"

@@ -9,6 +9,10 @@ MLP -> LM head) and saves what it computed and held, with the number of collecti
 
 ``LESSON_LAYERS`` is the engine's layer set with a row-parallel layer that counts its calls (one
 all-reduce each), picked by path in the engine: ``components={"tp_layers": "tp_demo:LESSON_LAYERS"}``.
+
+The ``rank_*`` functions are what the lesson's exercises are checked against: the engine's own layers,
+built as one rank of ``tp`` in this process (``as_rank``: building and loading a layer only asks
+``get_tp_info()`` who it is), so they state no formula of their own.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from minisgl.layers import RowParallelLinear, TPLayers
+from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
+from minisgl.layers import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, TPLayers
 
 SIZES = dict(vocab=11, hidden=64, heads=4, kv_heads=2, head_dim=16, inter=96, tokens=6)
 
@@ -80,6 +87,74 @@ class CountingRow(RowParallelLinear):
 
 
 LESSON_LAYERS = TPLayers(row=CountingRow)
+
+
+# ---- the engine's answers to the lesson's exercises -------------------------------------------
+@contextmanager
+def as_rank(rank: int, tp: int) -> Iterator[None]:
+    """Layers built (and loaded) inside are rank ``rank`` of ``tp``'s; the previous rank after."""
+    saved = get_tp_info()
+    set_tp_info(TPInfo(rank, tp))
+    try:
+        yield
+    finally:
+        set_tp_info(saved)
+
+
+_BUILT: dict[tuple[str, int], tuple[int, int]] = {}  # (config, tp) -> (parameters, local KV heads)
+
+
+def _rank0_sizes(cfg, tp: int) -> tuple[int, int]:
+    """The parameters and the KV heads rank 0 of the engine's decoder holds at ``tp`` (remembered: the
+    lesson asks for the same few configs many times)."""
+    key = (repr(cfg), tp)
+    if key not in _BUILT:
+        from minisgl.models.decoder import DecoderForCausalLM
+
+        # the meta device: shapes only, no memory (a 70B model's rank builds in milliseconds)
+        with as_rank(0, tp), torch.device("meta"):
+            model = DecoderForCausalLM(cfg)
+        params = sum(p.numel() for p in model.parameters())  # a tied head is the embedding: counted once
+        _BUILT[key] = params, model.model.layers[0].self_attn.qkv_proj.num_local_kv_heads
+    return _BUILT[key]
+
+
+def rank_params(cfg, tp: int) -> int:
+    """The parameters rank 0 of the engine's decoder holds at ``tp`` (every rank holds as many)."""
+    return _rank0_sizes(cfg, tp)[0]
+
+
+def rank_kv_bytes(cfg, tp: int) -> int:
+    """Bytes of K and V one rank keeps per token, in bfloat16: its KV heads, as the engine builds them."""
+    from minisgl.kvcache import KVPool
+
+    return KVPool.bytes_per_token(cfg.num_layers, _rank0_sizes(cfg, tp)[1], cfg.head_dim, torch.bfloat16)
+
+
+def rank_weight(w: torch.Tensor, rank: int, tp: int, kind: str) -> torch.Tensor:
+    """What rank ``rank`` of the engine's ``kind`` ("column" or "row") layer loads of the full ``w``."""
+    out_features, in_features = w.shape
+    with as_rank(rank, tp):
+        if kind == "column":
+            layer = MergedColumnParallelLinear(in_features, [out_features])
+        else:
+            layer = RowParallelLinear(in_features, out_features)
+        layer.weight.weight_loader(layer.weight, w, 0)
+    return layer.weight.data
+
+
+def rank_kv_heads(rank: int, tp: int, num_kv_heads: int, num_heads: int | None = None) -> list[int]:
+    """The KV heads rank ``rank`` of the engine's ``QKVParallelLinear`` loads: a k weight whose rows of
+    head ``i`` hold ``i`` is read back from the rank's slice (``num_heads``: ``tp * num_kv_heads``
+    unless given; it only has to divide by ``tp``)."""
+    head_dim, hidden = 2, 4
+    num_heads = num_heads or tp * num_kv_heads
+    k = torch.arange(num_kv_heads).repeat_interleave(head_dim)[:, None].float().expand(-1, hidden)
+    with as_rank(rank, tp):
+        layer = QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads)
+        layer.weight.weight_loader(layer.weight, k, 1)
+    rows = layer.weight[layer.num_local_heads * head_dim :][: layer.num_local_kv_heads * head_dim, 0]
+    return sorted({int(v) for v in rows})
 
 
 def _rank(rank: int, world: int, init: str, out: str) -> None:

@@ -239,6 +239,11 @@ class Slider:
         if not self.lo <= self.value <= self.hi or self.step <= 0:
             raise ValueError(f"Slider needs lo <= value <= hi and step > 0, got {self}")
 
+    @property
+    def integer(self) -> bool:
+        """An integer slider (all four ints): it takes ints only."""
+        return all(isinstance(v, int) for v in (self.lo, self.hi, self.step, self.value))
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -276,6 +281,8 @@ class Explorer:
         return self.picture
 
     def press(self, label: str, text: str | None = None) -> Any:
+        if label not in self.actions:
+            raise ValueError(f"no button {label!r}; the buttons are {list(self.actions)}")
         action = self.actions[label]
         if self.text is None:
             action()
@@ -284,13 +291,27 @@ class Explorer:
         return self.draw()
 
     def turn(self, name: str, value: Any) -> Any:
+        """Set knob ``name`` to ``value`` and redraw. A value the knob cannot take raises ValueError and
+        changes nothing; so does a draw that fails (the knob keeps its old value)."""
+        if name not in self.knobs:
+            raise ValueError(f"no knob {name!r}; the knobs are {list(self.knobs)}")
         knob = self.knobs[name]
         if isinstance(knob, Choice) and value not in knob.options:
             raise ValueError(f"{name}: {value!r} is not one of {knob.options}")
-        if isinstance(knob, Slider) and not knob.lo <= value <= knob.hi:
-            raise ValueError(f"{name}: {value!r} is outside [{knob.lo}, {knob.hi}]")
+        if isinstance(knob, Slider):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or (knob.integer and not isinstance(value, int)):
+                kind = "an int" if knob.integer else "a number"
+                raise ValueError(f"{name}: {value!r} is not {kind} (a slider from {knob.lo} to {knob.hi})")
+            if not knob.lo <= value <= knob.hi:
+                raise ValueError(f"{name}: {value!r} is outside [{knob.lo}, {knob.hi}]")
+        old = self.values[name]
         self.values[name] = value
-        return self.draw()
+        try:
+            return self.draw()
+        except Exception:
+            self.values[name] = old
+            raise
 
 
 def explorer(
@@ -316,7 +337,9 @@ def explorer(
         ex.widget = _controls(ex)
         names = " · ".join([*ex.knobs, *ex.actions])
         _display_widget(ex.widget, f"[controls: {names}; they need a live notebook]")
-    print(f"Static picture: {caption}." + (" The controls above redraw the picture under them." if live else ""))
+    # GitHub and CI show no live widgets: say what the controls do only as what a live notebook does
+    live_note = " In a live notebook, the controls above redraw the picture between them and this one."
+    print(f"Static picture: {caption}." + (live_note if live else ""))
     show(ex.picture)
     return ex
 
@@ -350,7 +373,7 @@ def _controls(ex: Explorer) -> Any:
     for name, knob in ex.knobs.items():
         if isinstance(knob, Choice):
             control = w.Dropdown(options=list(knob.options), value=knob.value, description=name)
-        elif all(isinstance(v, int) for v in (knob.lo, knob.hi, knob.step, knob.value)):
+        elif knob.integer:
             control = w.IntSlider(min=knob.lo, max=knob.hi, step=knob.step, value=knob.value, description=name)
         else:
             control = w.FloatSlider(min=knob.lo, max=knob.hi, step=knob.step, value=knob.value, description=name)
@@ -384,7 +407,15 @@ def png_bytes(fig: Any) -> bytes:
     import io
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+    patch = getattr(fig, "patch", None)  # its alpha would win over the white facecolor: save it opaque
+    alpha = patch.get_alpha() if patch is not None else None
+    if patch is not None:
+        patch.set_alpha(1.0)
+    try:
+        fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+    finally:
+        if patch is not None:
+            patch.set_alpha(alpha)
     if type(fig).__module__.startswith("matplotlib"):
         import matplotlib.pyplot as plt
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
@@ -148,3 +149,99 @@ def test_a_set_of_functions_may_share_the_engines_parts(capsys):
     assert out[0].startswith("✓ shared: same results as")
     assert out[1].startswith("○ all shared: exercise open (this is")
     assert out[2].startswith("○ borrowing: exercise open (it calls")
+
+
+def _knob_explorer():
+    calls = []
+
+    def draw(chunk, policy):
+        calls.append((chunk, policy))
+        return f"chunk {chunk}, policy {policy}"
+
+    knobs = {"chunk": course.Slider(16, 1024, 16, 128), "policy": course.Choice(("fifo", "lpm"), "fifo")}
+    return course.explorer(draw, knobs=knobs), calls
+
+
+def test_knobs_draw_with_their_values_headless(capsys):
+    ex, calls = _knob_explorer()
+    assert "Static picture" in capsys.readouterr().out and ex.widget is None
+    assert calls == [(128, "fifo")] and ex.values == {"chunk": 128, "policy": "fifo"}
+    assert ex.turn("chunk", 1024) == "chunk 1024, policy fifo", "the top of the slider is a value it takes"
+    assert ex.turn("chunk", 16) == "chunk 16, policy fifo", "so is the bottom"
+    assert ex.turn("policy", "lpm") == "chunk 16, policy lpm" and ex.picture == "chunk 16, policy lpm"
+    assert calls[-1] == (16, "lpm") and ex.values == {"chunk": 16, "policy": "lpm"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("chunk", 1025, "outside [16, 1024]"),
+        ("chunk", 15, "outside [16, 1024]"),
+        ("chunk", 64.0, "is not an int"),
+        ("chunk", "64", "is not an int"),
+        ("chunk", True, "is not an int"),
+        ("policy", "lru", "is not one of ('fifo', 'lpm')"),
+        ("budget", 8, "no knob 'budget'; the knobs are ['chunk', 'policy']"),
+    ],
+)
+def test_a_value_a_knob_cannot_take_raises_and_changes_nothing(name, value, message):
+    ex, calls = _knob_explorer()
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        ex.turn(name, value)
+    assert ex.values == {"chunk": 128, "policy": "fifo"} and calls == [(128, "fifo")], "nothing redrawn"
+    assert ex.picture == "chunk 128, policy fifo"
+
+
+def test_a_float_slider_takes_numbers_in_range():
+    ex = course.explorer(lambda t: f"t={t}", knobs={"t": course.Slider(0.0, 2.0, 0.1, 1.0)})
+    assert ex.turn("t", 2.0) == "t=2.0" and ex.turn("t", 0) == "t=0"
+    with pytest.raises(ValueError, match="outside"):
+        ex.turn("t", 2.05)
+    assert ex.values == {"t": 0}
+
+
+def test_a_failing_draw_keeps_the_knobs_old_value():
+    def draw(n):
+        if n == 3:
+            raise ZeroDivisionError("n = 3")
+        return f"n={n}"
+
+    ex = course.explorer(draw, knobs={"n": course.Slider(1, 5, 1, 2)})
+    with pytest.raises(ZeroDivisionError):
+        ex.turn("n", 3)
+    assert ex.values == {"n": 2} and ex.picture == "n=2"
+
+
+def test_knobs_and_buttons_together_and_bad_definitions():
+    state = {"steps": 0}
+    ex = course.explorer(
+        lambda scale: f"{state['steps'] * scale}",
+        {"step": lambda: state.update(steps=state["steps"] + 1)},
+        knobs={"scale": course.Slider(1, 3, 1, 1)},
+    )
+    assert ex.press("step") == "1" and ex.turn("scale", 3) == "3" and ex.press("step") == "6"
+    with pytest.raises(ValueError, match=r"no button 'run'; the buttons are \['step'\]"):
+        ex.press("run")
+    assert state["steps"] == 2
+    with pytest.raises(ValueError, match="lo <= value <= hi"):
+        course.Slider(0, 10, 1, 11)
+    with pytest.raises(ValueError, match="step > 0"):
+        course.Slider(0, 10, 0, 5)
+    with pytest.raises(ValueError, match="is not one of"):
+        course.Choice(("a", "b"), "c")
+    with pytest.raises(ValueError, match="at least one action or knob"):
+        course.explorer(lambda: "x")
+
+
+def test_png_bytes_are_opaque():
+    """The live picture is PNG bytes on white: never the transparent PNG of issue 31."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from PIL import Image
+
+    fig, ax = plt.subplots(figsize=(2, 1))
+    fig.patch.set_alpha(0)  # even a figure that asks for a transparent background
+    ax.plot([0, 1], [0, 1])
+    png = course.png_bytes(fig)
+    assert png.startswith(b"\x89PNG") and not plt.fignum_exists(fig.number), "drawn, then closed"
+    img = Image.open(io.BytesIO(png)).convert("RGBA")
+    assert img.getchannel("A").getextrema() == (255, 255), "every pixel opaque"

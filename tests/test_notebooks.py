@@ -5,6 +5,10 @@ a copy in memory, with ``lessons/`` as the working directory, and never writes t
 To refresh the committed outputs after editing a lesson, run it top to bottom and save, e.g.::
 
     jupyter nbconvert --to notebook --execute --inplace lessons/06_radix_cache.ipynb
+
+Where a browser is available (``browser_lab.py``), a lesson with an explorer runs in JupyterLab
+instead of nbclient, once for this file and ``test_browser.py`` together: the outputs checked here are
+that run's, read back from a copy that JupyterLab saved.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 import time
 from pathlib import Path
 
+import browser_lab
 import pytest
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
@@ -54,10 +59,20 @@ def _exercises_agreeing(nb) -> list[str]:
 @pytest.mark.timeout(TIMEOUT_S + 120)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path: Path):
+    nb = _read(path)
+    if browser_lab.unavailable() is None and browser_lab.has_explorer(nb):
+        run = browser_lab.run(path, TIMEOUT_S)  # shared with test_browser.py: one execution
+        print(f"{path.name}: {run.seconds:.1f} s (JupyterLab)")
+        if run.timed_out:
+            pytest.fail(f"{path.name} did not finish within {TIMEOUT_S} s (in JupyterLab)", pytrace=False)
+        error = browser_lab.first_error(run.nb)
+        assert error is None, f"{path.name}: in JupyterLab, {error}"
+        agreeing = _exercises_agreeing(run.nb)
+        assert not agreeing, f"{path.name}: with its exercises open, these checks report agreement: {agreeing}"
+        return
     nbclient = pytest.importorskip("nbclient")
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-    nb = _read(path)
     deadline = time.monotonic() + TIMEOUT_S
     client = nbclient.NotebookClient(
         nb,

@@ -9,9 +9,13 @@ padding row that writes a real request's slot changes that request's KV.
 * ``Bench``: a small engine's pieces (model, KV pool, request table, torch backend) and a decode
   state: ``n`` running requests with random contexts on random slots (slot 0 among them), random KV
   everywhere, and static buffers as an earlier, larger batch left them (its slots are real ones).
-* ``EagerGraphRunner``: the engine's ``GraphRunner.replay`` without the graph: a plan's bucket and
-  padding into static buffers, then ``decode_forward`` over the bucket. Installed as an engine's
-  ``graph_runner`` it runs every decode batch of a CPU engine through a plan.
+* ``SimCapture`` / ``SimGraph`` / ``SimPool``: a fake ``capture_one`` for ``GraphPlan.capture``. A
+  simulated graph keeps the static tensors it was captured with and replays ``decode_forward`` over
+  them, so a replay that did not copy its batch *into* those tensors computes on stale rows, as a CUDA
+  graph would; pools count what the graphs cost (largest first in one pool: the largest's cost).
+* ``SimGraphRunner``: the engine's ``GraphRunner`` with simulated graphs. Installed as an engine's
+  ``graph_runner`` it runs every decode batch of a CPU engine through a plan's capture, ``use_graph``
+  and replay.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 
 from minisgl.attention.context import forward_context
 from minisgl.core import Batch
-from minisgl.engine.graph import GraphInputs, GraphPlan
+from minisgl.engine.graph import GraphInputs, GraphPlan, GraphState
 
 DTYPES = (torch.int32, torch.int64, torch.int64, torch.int64)  # of GraphInputs' four fields
 
@@ -129,28 +133,117 @@ class Bench:
         return rows, stale, owner
 
 
-class EagerGraphRunner:
-    """``GraphRunner.replay`` on CPU: ``plan.bucket`` and ``plan.pad`` into static buffers, then the
-    decode forward over the bucket's rows (what its graph would replay). ``replays`` records
-    ``(n, bs)`` per decode batch."""
+class SimPool:
+    """A simulated CUDA-graph memory pool. A graph captured into it reuses the blocks already there if
+    it needs no more than the pool holds; a larger one adds its whole cost (its intermediates do not fit
+    the blocks the smaller graphs left). So graphs captured largest first in one pool cost the largest
+    one; smallest first, more (every graph larger than what the pool holds by then adds its own cost); each
+    in its own pool, the sum."""
+
+    def __init__(self):
+        self.bytes, self.sizes = 0, []
+
+    def add(self, bs: int, cost: float) -> None:
+        self.sizes.append(bs)
+        if cost > self.bytes:
+            self.bytes += cost
+
+
+class SimGraph:
+    """A graph of ``bs`` rows: it holds the static tensors it was captured with (views of rows ``[0, bs)``)
+    and its output, and a replay runs the decode forward over *those* tensors, as a CUDA graph reads the
+    addresses it recorded, whatever the runner's names are bound to now."""
+
+    def __init__(self, capture: SimCapture, bs: int, reads: GraphInputs, pool: SimPool):
+        self._capture, self.bs, self.reads, self._pool = capture, bs, reads, pool
+        self.output = torch.zeros(bs, capture.engine.model_config.vocab_size)
+        self.replays = 0
+
+    def pool(self) -> SimPool:
+        return self._pool
+
+    def replay(self) -> None:
+        planned = self._capture.prepared
+        if planned != self.bs:
+            raise AssertionError(
+                f"the graph of {self.bs} rows replayed with the attention metadata "
+                + ("never prepared" if planned is None else f"prepared for {planned} rows")
+                + f": call prepare({self.bs}) with the bucket before the graph's replay()"
+            )
+        self._capture.prepared = None
+        self.replays += 1
+        self.output.copy_(decode_forward(self._capture.engine, self.reads))
+
+
+class SimCapture:
+    """``capture_one`` for ``GraphPlan.capture`` on CPU: ``(bs, pool) -> (SimGraph, output)``. Records the
+    order of the captures (``order``), the pools made (``pools``) and what they cost (``bytes``, with
+    ``cost(bs)`` per graph); ``prepare`` is the ``prepare`` a replay gets."""
+
+    def __init__(self, engine, state: GraphState, cost=lambda bs: bs):
+        self.engine, self.state, self.cost = engine, state, cost
+        self.order: list[int] = []
+        self.pools: list[SimPool] = []
+        self.prepared: int | None = None
+
+    def __call__(self, bs: int, pool) -> tuple[SimGraph, torch.Tensor]:
+        if not (isinstance(bs, int) and bs in self.state.sizes):
+            raise AssertionError(f"capture_one({bs!r}, ...): not one of the sizes to capture {self.state.sizes}")
+        if pool is None:
+            pool = SimPool()
+            self.pools.append(pool)
+        elif not isinstance(pool, SimPool):
+            raise AssertionError(f"capture_one({bs}, {pool!r}): the pool is None or an earlier graph's .pool()")
+        self.order.append(bs)
+        pool.add(bs, self.cost(bs))
+        graph = SimGraph(self, bs, GraphInputs(*(t[:bs] for t in self.state.static)), pool)
+        return graph, graph.output
+
+    @property
+    def bytes(self) -> float:
+        return sum(p.bytes for p in self.pools)
+
+    def prepare(self, bs: int) -> None:
+        self.prepared = bs
+
+
+class SimGraphRunner:
+    """The engine's ``GraphRunner`` on CPU, simulated graphs in place of CUDA ones: the plan captures them
+    (``plan.capture``), decides which batches run in one (``plan.use_graph``) and replays them
+    (``plan.replay``). Installed as an engine's ``graph_runner`` it runs a CPU engine through a plan;
+    ``replays`` records ``(n, bs)`` per replayed batch."""
 
     def __init__(self, engine, plan: GraphPlan, sizes: list[int]):
-        self.engine, self.plan, self.sizes, self.max_bs = engine, plan, sizes, sizes[-1]
-        self.scratch, self.dummy_row = engine.kv_pool.scratch_slot, engine.table.dummy_row
-        engine.table.point_dummy_row_at(self.scratch)
-        self.static = static_buffers(self.max_bs, self.scratch, self.dummy_row)
+        self.engine, self.plan, self.sizes = engine, plan, sizes
+        scratch, dummy = engine.kv_pool.scratch_slot, engine.table.dummy_row
+        engine.table.point_dummy_row_at(scratch)
+        self.state = GraphState(list(sizes), static_buffers(sizes[-1], scratch, dummy), scratch, dummy)
+        self.capture = SimCapture(engine, self.state)
+        plan.capture(self.state, self.capture)
         self.replays: list[tuple[int, int]] = []
+        self.eager_decodes: list[int] = []  # sizes of decode batches use_graph sent to eager mode
 
     def can_run(self, batch: Batch) -> bool:
-        return batch.is_decode and batch.size <= self.max_bs
+        yes = self.plan.use_graph(batch.phase, batch.size, list(self.sizes))
+        if batch.is_decode and not yes:
+            self.eager_decodes.append(batch.size)
+        return yes
 
     def replay(self, batch: Batch) -> torch.Tensor:
         n = batch.size
-        bs = self.plan.bucket(n, self.sizes)
-        self.replays.append((n, bs))
-        if not (isinstance(bs, int) and n <= bs <= self.max_bs and bs in self.sizes):
-            raise AssertionError(f"bucket({n}, {self.sizes}) returned {bs!r}: not a captured size >= {n}")
+        if not batch.is_decode:
+            raise AssertionError(
+                f"a {batch.phase} batch ({batch.num_tokens} tokens for {n} requests) was sent to a graph: a graph "
+                "replays one decode token per row; use_graph must say False for anything but decode"
+            )
+        seen = {}
+
+        def prepare(bs: int) -> None:
+            seen["bs"] = bs
+            batch.padded_size = bs
+            self.capture.prepare(bs)
+
         inputs = GraphInputs(batch.input_ids, batch.positions, batch.out_loc, batch.table_idx)
-        self.plan.pad(self.static, inputs, bs, self.scratch, self.dummy_row)
-        batch.padded_size = bs
-        return decode_forward(self.engine, GraphInputs(*(t[:bs] for t in self.static)))[:n]
+        out = self.plan.replay(self.state, inputs, prepare)
+        self.replays.append((n, seen.get("bs", -1)))
+        return out

@@ -5,9 +5,11 @@ CUDA graphs) and skipped without CUDA; on a GPU machine run::
     pytest autograder/test_gpu_lab09.py                 # your labs/
     pytest autograder/test_gpu_lab09.py --impl FOLDER   # the lab files in another folder
 
-A tiny random Llama (head_dim 128, bfloat16, FlashInfer decode) generates with graphs of 1, 2, 4, 8 rows;
-at every decode step the graph's logits are compared with the eager forward of the same batch, and the
-KV pool is compared before and after the replay: only the batch's own slots and the scratch page change.
+A tiny random Llama (head_dim 128, bfloat16, FlashInfer decode) generates with graphs of 1, 2, 4, 8 rows,
+captured by your ``capture`` (one memory pool for all: ``CUDAGraph.pool()`` is the same handle for each);
+at every decode step your replay's logits (one row per request) are compared with the eager forward of
+the same batch, and the KV pool is compared before and after the replay: only the batch's own slots and
+the scratch page change.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def gpu_llama(tmp_path_factory):
 def generate_checked(model, plan_cls, max_bs: int = 8):
     """Generate with graphs captured by ``plan_cls``; at each replayed decode step check the KV pool and
     compare the graph's logits with the eager forward's. Returns the engine's sizes, (n, bucket) per
-    replay, the largest logit difference, and the slots a replay changed that it must not have."""
+    replay, the largest logit difference, the slots a replay changed that it must not have, and the number
+    of distinct memory pools the graphs were captured in."""
     from minisgl import LLM, SamplingParams
     from minisgl.attention.context import forward_context
 
@@ -58,6 +61,7 @@ def generate_checked(model, plan_cls, max_bs: int = 8):
     engine = llm.scheduler.engine
     runner, pool = engine.graph_runner, engine.kv_pool
     assert runner is not None, "the engine captured no CUDA graph with your plan (sizes() returned [])"
+    pools = len({graph.pool() for graph in runner.graphs.values()})
     scratch = set(range(pool.scratch_slot, pool.scratch_slot + pool.page_size))
     replays, worst, stray = [], 0.0, set()
     eager_forward_batch = engine.forward_batch  # graphs for decode batches that fit, else eager
@@ -69,6 +73,7 @@ def generate_checked(model, plan_cls, max_bs: int = 8):
         before = pool.buffer.clone()
         with forward_context(batch, engine.attn_backend):
             graph = runner.replay(batch).clone()
+        assert graph.shape[0] == batch.size, f"replay returned {graph.shape[0]} rows of logits for {batch.size}"
         replays.append((batch.size, batch.padded_size))
         changed = (pool.buffer != before).flatten(2, 3).any(dim=(0, 1, 3, 4)).nonzero().flatten().tolist()
         stray.update(set(changed) - set(batch.out_loc.tolist()) - scratch)
@@ -86,7 +91,7 @@ def generate_checked(model, plan_cls, max_bs: int = 8):
     try:
         llm.generate(prompts, params, use_tqdm=False)
         llm.scheduler.check_memory()
-        return runner.sizes, replays, worst, stray
+        return runner.sizes, replays, worst, stray, pools
     finally:
         llm.shutdown()
 
@@ -94,18 +99,19 @@ def generate_checked(model, plan_cls, max_bs: int = 8):
 def test_your_graphs_replay_the_eager_logits(gpu_llama):
     """Graphs captured with your sizes, replayed through your bucket and padding: the logits of every
     decode step are the eager forward's (bfloat16 tolerance), in the reference's buckets."""
-    sizes, replays, worst, _ = generate_checked(gpu_llama, lab.plan_class())
+    sizes, replays, worst, _, pools = generate_checked(gpu_llama, lab.plan_class())
     want = BucketPlan().sizes(8, math.inf, float)
     assert sizes == want, f"the engine captured sizes {sizes} with your plan, expected {want}"
     assert replays and any(bs > n for n, bs in replays), f"no padded replay happened: {replays}"
     wrong = [(n, bs) for n, bs in replays if bs != BucketPlan().bucket(n, sizes)]
     assert not wrong, f"decode batches of n requests replayed in the graphs of (n, bucket) {wrong}"
     assert worst <= LOGIT_ATOL, f"a replay's logits differ from the eager forward's by {worst:.3g} (> {LOGIT_ATOL})"
+    assert pools == 1, f"your capture put the {len(sizes)} graphs in {pools} memory pools: one pool for all graphs"
 
 
 def test_your_padding_writes_only_the_scratch_page(gpu_llama):
     """A replay changes the KV of the batch's own slots and of the scratch page, nothing else."""
-    _, replays, _, stray = generate_checked(gpu_llama, lab.plan_class())
+    _, replays, _, stray, _ = generate_checked(gpu_llama, lab.plan_class())
     assert replays, "no decode batch ran in a graph"
     assert not stray, (
         f"graph replays changed KV slots {sorted(stray)[:8]}, which are neither the batch's out_loc nor the "

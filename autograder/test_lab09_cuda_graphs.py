@@ -1,7 +1,9 @@
 """Lab 09 (the CUDA-graph plan): each method against the engine's ``BucketPlan`` on fixed and random
 inputs; padded batches through the model's decode forward on CPU (``autograder/graph_sim.py``): the KV
-outside the scratch page and the real rows' logits must be the unpadded batch's; then a CPU engine whose
-every decode batch goes through your bucket and padding. Run: ``python -m autograder lab09``.
+outside the scratch page and the real rows' logits must be the unpadded batch's; simulated graphs captured
+by your plan (order, pool) and replayed through it (inputs copied into the captured buffers, the output
+sliced); then a CPU engine whose graphs your plan captures and whose decode batches it replays.
+Run: ``python -m autograder lab09``.
 
 The GPU-marked tests, which capture real CUDA graphs with your plan, are ``autograder/test_gpu_lab09.py``
 (``pytest autograder/test_gpu_lab09.py``; skipped without CUDA)."""
@@ -20,7 +22,7 @@ from autograder import graph_sim as sim
 from autograder.adapters import lab09 as lab
 from autograder.checks import first_token_difference
 from autograder.points import engine, points
-from minisgl.engine.graph import BucketPlan, GraphInputs
+from minisgl.engine.graph import BucketPlan, GraphInputs, GraphState
 
 REFERENCE = BucketPlan()  # the engine's plan: the contract's answers
 INF = math.inf
@@ -32,7 +34,7 @@ def linear_cost(per_graph: int, per_row: int):
 
 
 # ---- candidates and sizes ---------------------------------------------------------------------------
-@points(8)
+@points(5)
 def test_candidates():
     """The sizes worth a graph: 1, 2, 4, 8 below max_bs, multiples of 16 below max_bs, then max_bs."""
     plan = lab.make_plan()
@@ -51,7 +53,7 @@ def test_candidates():
         raise AssertionError(f"candidates({max_bs}) returned {got}, expected {want}: {hint}")
 
 
-@points(6)
+@points(4)
 def test_sizes_without_budget():
     """With budget = inf every candidate is captured, ascending, ending with max_bs."""
     plan = lab.make_plan()
@@ -80,7 +82,7 @@ SIZE_CASES = [
 ]
 
 
-@points(12)
+@points(9)
 def test_sizes_under_budget():
     """max_bs first ([] if it alone is over budget), then the candidates smallest first while the total
     cost stays within the budget; ascending."""
@@ -133,7 +135,7 @@ def check_sizes(plan, max_bs: int, budget: int, per_graph: int, per_row: int) ->
     assert got == want, f"{where} returned {got}, expected {want} (max_bs first, then the smallest while they fit)"
 
 
-@points(8)
+@points(5)
 def test_sizes_random():
     """Random max_bs, per-graph and per-row costs and budgets: ascending, max_bs last, within the budget,
     and the reference's choice."""
@@ -187,7 +189,7 @@ def check_buckets(plan, sizes: list[int]) -> None:
         raise AssertionError(f"bucket({n}, {sizes}) returned {got!r}, expected {want}: {hint}")
 
 
-@points(10)
+@points(7)
 def test_bucket_every_batch_size():
     """Every batch size up to the largest graph maps to the smallest captured size not below it."""
     plan = lab.make_plan()
@@ -224,7 +226,7 @@ def test_bucket_refuses_a_batch_past_the_largest():
         check_refuses(plan, sizes)
 
 
-@points(4)
+@points(3)
 def test_bucket_random():
     """Random ascending size lists: every n up to the largest maps to the smallest size >= n; one more raises
     ValueError."""
@@ -301,7 +303,7 @@ def check_static(static: GraphInputs, before: GraphInputs, addresses, batch: Gra
         )
 
 
-@points(10)
+@points(8)
 def test_pad_fills_rows():
     """pad() writes the static buffers in place: the batch's rows, then padding rows whose out_loc is the
     scratch slot and whose table row is the dummy row."""
@@ -377,7 +379,7 @@ def check_padding(plan, b: sim.Bench, n: int, bs: int, seed: int) -> None:
 PAD_CASES = [(3, 4), (5, 8), (1, 8), (8, 8), (13, 16), (17, 32), (1, 1), (33, 40)]
 
 
-@points(12, timeout=120)
+@points(10, timeout=120)
 def test_padding_never_touches_real_kv():
     """Padded decode batches through the model (torch backend, float32): no real request's KV slot
     changes beyond what the unpadded batch writes, and the real rows' logits are the unpadded ones."""
@@ -386,7 +388,7 @@ def test_padding_never_touches_real_kv():
         check_padding(plan, b, n, bs, seed=k)
 
 
-@points(8, timeout=120)
+@points(6, timeout=120)
 def test_padding_random():
     """Random batch sizes, buckets and decode states (contexts, slots, what an earlier batch left in the
     static buffers): the contract on the buffers, the KV and the logits as in the fixed cases."""
@@ -400,13 +402,188 @@ def _padding_random(n, extra, seed):
     check_padding(lab.make_plan(), bench(), n, min(40, n + extra), seed)
 
 
+# ---- use_graph: which batches run in a graph --------------------------------------------------------
+@points(5)
+def test_use_graph():
+    """Only a decode batch that a captured size holds (1 <= n <= sizes[-1]) runs in a graph; a prefill or
+    mixed batch, a batch past the largest graph and every batch when nothing was captured run eagerly."""
+    plan = lab.make_plan()
+    for sizes in ([1, 2, 4, 8], [3, 5, 6], [7], [1, 2, 4, 8, 16, 32, 40], []):
+        top = sizes[-1] if sizes else 4
+        for phase in ("decode", "prefill"):
+            for n in range(1, top + 3):
+                want = REFERENCE.use_graph(phase, n, list(sizes))
+                try:
+                    got = plan.use_graph(phase, n, list(sizes))
+                except NotImplementedError:
+                    raise
+                except Exception as e:
+                    raise AssertionError(
+                        f"use_graph({phase!r}, {n}, {sizes}) raised {type(e).__name__}: {e}; expected {want}"
+                        + (": with no graphs (sizes == []) every batch runs eagerly: False" if not sizes else "")
+                    ) from None
+                if bool(got) == want and isinstance(got, bool):
+                    continue
+                if phase == "prefill" and got:
+                    hint = (
+                        "a prefill or mixed batch sent to a graph: a graph replays one decode token per row; a "
+                        "prefill (or a mixed batch, whose phase is 'prefill') runs eagerly"
+                    )
+                elif want and n == top:
+                    hint = (
+                        f"a batch of exactly sizes[-1] = {top} sent to eager mode: its own graph holds it "
+                        "(n <= sizes[-1], not n < sizes[-1])"
+                    )
+                elif not sizes:
+                    hint = "no graphs were captured (sizes == []): every batch runs eagerly"
+                elif got and n > top:
+                    hint = f"a batch of {n} is larger than every graph (the largest is {top}): it runs eagerly"
+                elif not isinstance(got, bool):
+                    hint = "return a bool"
+                else:
+                    hint = "a decode batch of 1 <= n <= sizes[-1] runs in a graph"
+                raise AssertionError(f"use_graph({phase!r}, {n}, {sizes}) returned {got!r}, expected {want}: {hint}")
+
+
+# ---- capture: order and pool ------------------------------------------------------------------------
+class _NoModel:
+    """Enough of an engine for capturing simulated graphs (they are not replayed here)."""
+
+    class model_config:  # noqa: N801
+        vocab_size = 8
+
+
+CAPTURE_CASES = ([1, 2, 4, 8], [7], [1, 2, 4, 8, 16, 32, 40], [3, 5, 6])
+
+
+@points(7)
+def test_capture():
+    """Every size captured once into state.graphs / state.outputs, largest first, all in the first graph's
+    pool: together they cost what the largest graph costs."""
+    plan = lab.make_plan()
+    for sizes in CAPTURE_CASES:
+        state = GraphState(list(sizes), sim.static_buffers(sizes[-1], SCRATCH, DUMMY), SCRATCH, DUMMY)
+        cost = linear_cost(1000, 100)
+        cap = sim.SimCapture(_NoModel(), state, cost)
+        plan.capture(state, cap)
+        where = f"capture(sizes {sizes})"
+        desc = sorted(sizes, reverse=True)
+        assert sorted(cap.order) == sorted(sizes), (
+            f"{where} captured the sizes {cap.order}: each of {sizes} exactly once"
+        )
+        assert sorted(state.graphs) == sorted(sizes) and sorted(state.outputs) == sorted(sizes), (
+            f"{where}: state.graphs holds sizes {sorted(state.graphs)} and state.outputs {sorted(state.outputs)}; "
+            f"both must hold every captured size {sizes} (state.graphs[bs], state.outputs[bs] = capture_one(...))"
+        )
+        for bs in sizes:
+            graph = state.graphs[bs]
+            assert getattr(graph, "bs", None) == bs and state.outputs[bs] is graph.output, (
+                f"{where}: state.graphs[{bs}] / state.outputs[{bs}] are not what capture_one({bs}, ...) returned"
+            )
+        if len(cap.pools) > 1:
+            raise AssertionError(
+                f"{where} made {len(cap.pools)} memory pools: each graph in a pool of its own (pool=None at every "
+                "capture). Pass None only for the first graph, then its .pool(): one memory pool for all graphs "
+                f"(here they cost {cap.bytes} bytes, one pool captured largest first {cost(sizes[-1])})"
+            )
+        if cap.order != desc:
+            raise AssertionError(
+                f"{where} captured in the order {cap.order}, expected {desc}: graphs captured smallest first grow "
+                "the pool whenever a graph is larger than what it holds (it cannot reuse the smaller ones' "
+                "blocks); largest first, the smaller ones reuse the largest's (cost "
+                f"{cap.bytes} bytes, largest first {cost(sizes[-1])})"
+            )
+        assert cap.bytes == cost(sizes[-1]), f"{where}: the graphs cost {cap.bytes} bytes, expected {cost(sizes[-1])}"
+
+
+# ---- replay: the bookkeeping through simulated graphs -----------------------------------------------
+REPLAY_SIZES = [1, 2, 4, 8, 16]
+REPLAY_CASES = [(13, 16), (5, 8), (8, 8), (1, 1), (3, 4), (6, 8)]  # (n, its bucket): each after a larger one
+
+
+def check_replays(plan, b: sim.Bench, cases, seed: int) -> None:
+    """The engine's graphs of REPLAY_SIZES (captured by the reference's capture), replayed through
+    ``plan.replay`` one batch after another: the logits are the unpadded batch's, ``[n, vocab]``, from the
+    bucket's graph, and no real request's KV changes beyond what the unpadded batch writes."""
+    state = GraphState(
+        list(REPLAY_SIZES), sim.static_buffers(16, b.scratch_slot, b.dummy_row), b.scratch_slot, b.dummy_row
+    )
+    cap = sim.SimCapture(b.engine, state)
+    REFERENCE.capture(state, cap)
+    for k, (n, bs) in enumerate(cases):
+        batch, stale, owner = b.state(n, seed + k, stale_bs=16)
+        if k == 0:  # the buffers as an earlier batch of 16 left them
+            for buf, old in zip(state.static, stale):
+                buf.copy_(old[:16])
+        start = b.pool.buffer.clone()
+        want_logits = sim.decode_forward(b.engine, batch)
+        want_kv = b.pool.buffer.clone()
+        b.pool.buffer.copy_(start)
+        captured = [t.data_ptr() for t in state.static]
+        counts = {s: g.replays for s, g in state.graphs.items()}
+        before = cases[k - 1][0] if k else 16
+        where = f"replay of a decode batch of {n} (bucket {bs}, after a batch of {before})"
+        try:
+            got = plan.replay(state, batch, cap.prepare)
+        except (NotImplementedError, ValueError):
+            raise
+        except AssertionError as e:
+            raise AssertionError(f"{where}: {e}") from None
+        ran = [s for s, g in state.graphs.items() if g.replays != counts[s]]
+        assert ran == [bs], f"{where}: the graphs of sizes {ran} replayed; expected the bucket's alone ({bs})" + (
+            "" if ran else ": call state.graphs[bs].replay()"
+        )
+        if [t.data_ptr() for t in state.static] != captured:
+            raise AssertionError(
+                f"{where}: state.static is bound to other tensors now; the graphs read the tensors they were "
+                "captured with: pad into state.static's buffers in place"
+            )
+        assert isinstance(got, torch.Tensor) and got.dim() == 2, f"{where}: returned {type(got).__name__}, not logits"
+        if got.shape[0] != n:
+            raise AssertionError(
+                f"{where}: returned {got.shape[0]} rows of logits, expected {n}: "
+                + (
+                    "the whole output returned (the padding rows' logits are no request's; the sampler would "
+                    "sample them too): return the first n rows"
+                    if got.shape[0] == bs
+                    else "return rows [0, n) of the bucket's output"
+                )
+            )
+        per_slot = (b.pool.buffer - want_kv).abs().flatten(2, 3).amax(dim=(0, 1, 3, 4))
+        moved = [s for s in (per_slot > 1e-4).nonzero().flatten().tolist() if s not in b.scratch_slots]
+        diff = (got - want_logits).abs().max().item()
+        if moved or diff > LOGIT_ATOL:
+            fresh = all(buf[:n].equal(rows[:n]) for buf, rows in zip(state.static, batch))
+            raise AssertionError(
+                f"{where}: "
+                + (f"KV slots {moved[:8]} differ from the unpadded batch's; " if moved else "")
+                + f"the real rows' logits differ from the unpadded batch's by up to {diff:.3g}. "
+                + (
+                    "The padding rows [n, bs) must write only the scratch page."
+                    if fresh
+                    else "The captured buffers do not hold the batch: copy the batch's inputs into state.static "
+                    "(the graph reads only the buffers it was captured with) before the replay"
+                )
+            )
+        if got.data_ptr() != state.outputs[bs].data_ptr():
+            raise AssertionError(f"{where}: the logits are not rows [0, n) of state.outputs[{bs}] (the graph's output)")
+
+
+@points(8, timeout=120)
+def test_replay():
+    """Batches replayed one after another through your replay and simulated graphs: the bucket's graph
+    runs, on the batch's inputs copied into the captured buffers and padded, and the first n rows of its
+    output come back; the KV outside the scratch page is the unpadded batch's."""
+    check_replays(lab.make_plan(), bench(), REPLAY_CASES, seed=300)
+
+
 # ---- the engine on your plan ------------------------------------------------------------------------
-@points(9, timeout=180)
+@points(10, timeout=180)
 @engine
 def test_engine_runs_your_plan(tiny_llama):
-    """A CPU engine whose every decode batch goes through your sizes, bucket and padding (the graph runner's
-    replay, run eagerly: graph_sim.EagerGraphRunner) generates the reference engine's tokens, in the
-    reference's buckets."""
+    """A CPU engine whose graphs your plan captures (simulated: graph_sim.SimGraphRunner) and whose every
+    decode batch your use_graph sends to a graph and your replay runs generates the reference engine's
+    tokens, in the reference's buckets; prefill batches stay eager."""
     from minisgl import LLM, SamplingParams
 
     plan = lab.make_plan()
@@ -423,21 +600,28 @@ def test_engine_runs_your_plan(tiny_llama):
         try:
             runner = None
             if p is not None:  # None: the reference engine, every batch eager and unpadded
-                runner = llm.scheduler.engine.graph_runner = sim.EagerGraphRunner(llm.scheduler.engine, p, sizes)
+                runner = llm.scheduler.engine.graph_runner = sim.SimGraphRunner(llm.scheduler.engine, p, sizes)
             outs = llm.generate(prompts, params, use_tqdm=False)
-            return [o.token_ids for o in outs], runner.replays if runner else []
+            return [o.token_ids for o in outs], runner
         finally:
             llm.shutdown()
 
     try:
-        got, replays = play(plan)
+        got, runner = play(plan)
     except (NotImplementedError, AssertionError) as e:
         raise type(e)(f"the engine failed with your plan: {e}") from e
     except Exception as e:
         raise AssertionError(f"the engine failed with your plan: {type(e).__name__}: {e}") from e
     want, _ = play(None)
+    replays = runner.replays
+    assert runner.eager_decodes == [], (
+        f"decode batches of {sorted(set(runner.eager_decodes))} requests ran eagerly although graphs of {sizes} "
+        "were captured: use_graph must send every decode batch of 1 <= n <= sizes[-1] to a graph"
+    )
     wrong = [(n, bs) for n, bs in replays if bs != REFERENCE.bucket(n, sizes)]
     assert not wrong, f"decode batches of n requests ran in the graphs of (n, bucket) {wrong}; sizes {sizes}"
     assert any(bs > n for n, bs in replays), f"no decode batch was padded ({replays}): the test needs one"
     diff = first_token_difference(got, want)
-    assert diff is None, f"with your plan replaying every decode batch, the engine generated other tokens: {diff}"
+    assert diff is None, (
+        f"with your plan capturing and replaying every decode batch, the engine generated other tokens: {diff}"
+    )

@@ -1,8 +1,8 @@
 """Lab 09 adapter: the ``PaddedPlan`` class of ``lab09_cuda_graphs.py``, used only through the
 ``GraphPlan`` interface (``minisgl.engine.graph.GraphPlan``) and its ``candidates`` helper, and the swap-in:
 the class registered in ``minisgl.engine.graph.GRAPH_PLANS`` as ``"lab09"``
-(``LLM(components={"graph_plan": "lab09"})``; the engine captures graphs only on a GPU, so on CPU the
-grader replays decode batches through your plan eagerly: ``autograder/graph_sim.py``)."""
+(``LLM(components={"graph_plan": "lab09"})``; the engine captures CUDA graphs only on a GPU, so on CPU the
+grader captures and replays simulated graphs through your plan: ``autograder/graph_sim.py``)."""
 
 from __future__ import annotations
 

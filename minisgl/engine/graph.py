@@ -10,10 +10,11 @@ KV into the pool's scratch page::
     out_loc       the batch's slots | scratch slot            | (not read by the graph of bs)
     table_idx     the batch's rows  | dummy row (-> scratch)  |
 
-Which sizes to capture, the bucket of a batch and the padding are a ``GraphPlan`` (lab 09's seam,
-``GRAPH_PLANS``; ``components={"graph_plan": name}``). The default: sizes 1, 2, 4, 8, 16, then every
-16 up to ``cuda_graph_max_bs``; captured largest first so smaller graphs reuse the memory pool of the
-largest.
+Which sizes to capture, in which order and pool, which batches run in a graph, a batch's bucket,
+its padding and the slice of the output are a ``GraphPlan`` (lab 09's seam, ``GRAPH_PLANS``;
+``components={"graph_plan": name}``); ``GraphRunner`` owns the buffers and the CUDA calls. The
+default: sizes 1, 2, 4, 8, 16, then every 16 up to ``cuda_graph_max_bs``; captured largest first so
+smaller graphs reuse the memory pool of the largest.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -56,9 +58,37 @@ class GraphInputs(NamedTuple):
     table_idx: torch.Tensor  # int64: its request-table row (attention reads the row's slots)
 
 
+class CapturedGraph(Protocol):
+    """What ``capture_one`` returns beside the output: ``torch.cuda.CUDAGraph`` on a GPU, a simulated
+    graph on CPU (``autograder/graph_sim.py``)."""
+
+    def replay(self) -> None: ...
+
+    def pool(self) -> Any: ...
+
+
+# (bs, pool) -> (graph, output): records the decode forward over rows [0, bs) of the static buffers in
+# `pool` (None: a new pool); `output` is the [bs, vocab] logits tensor every replay of the graph rewrites
+CaptureFn = Callable[[int, Any], tuple[CapturedGraph, torch.Tensor]]
+
+
+@dataclass
+class GraphState:
+    """What a graph runner keeps between capture and replays. ``static`` is ``[max_bs]`` buffers at
+    fixed addresses: every graph reads rows ``[0, bs)`` of exactly these tensors, whatever they hold at
+    replay time, so a replay must write *into* them."""
+
+    sizes: list[int]  # the sizes to capture, ascending (GraphPlan.sizes)
+    static: GraphInputs
+    scratch_slot: int  # a slot of the pool's scratch page: no request ever owns it
+    dummy_row: int  # the request-table row that maps every position to the scratch page
+    graphs: dict[int, CapturedGraph] = field(default_factory=dict)  # bs -> its graph
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # bs -> the logits its replays write
+
+
 class GraphPlan(ABC):
-    """Lab 09's seam, registered in ``GRAPH_PLANS``: which batch sizes get a graph, which graph runs
-    a batch, and how a batch is padded up to it."""
+    """Lab 09's seam, registered in ``GRAPH_PLANS``: which batch sizes get a graph, how they are
+    captured, which batches run in one, and the replay's bookkeeping (bucket, padding, outputs)."""
 
     @abstractmethod
     def sizes(self, max_bs: int, budget: float, cost: Callable[[int], float]) -> list[int]:
@@ -67,6 +97,19 @@ class GraphPlan(ABC):
         together stay within ``budget`` (``cost(bs)``: the bytes a graph of ``bs`` rows keeps; with
         ``budget = inf`` every size the plan wants). ``[]`` when even ``max_bs`` alone does not fit
         (no graphs: every batch runs eagerly)."""
+
+    @abstractmethod
+    def capture(self, state: GraphState, capture_one: CaptureFn) -> None:
+        """Capture one graph per size of ``state.sizes`` into ``state.graphs`` / ``state.outputs``,
+        largest first and all in one memory pool: the first call ``capture_one(max_bs, None)`` makes
+        the pool, every later one passes that graph's ``pool()``, so a smaller graph reuses the blocks
+        of the largest instead of adding its own."""
+
+    @abstractmethod
+    def use_graph(self, phase: str, n: int, sizes: list[int]) -> bool:
+        """Whether a batch of ``n`` requests in ``phase`` (``"decode"``, or ``"prefill"``, which a
+        mixed batch is too) runs in a graph: only a decode batch that some captured size holds
+        (``1 <= n <= sizes[-1]``); ``False`` with no graphs (``sizes == []``)."""
 
     @abstractmethod
     def bucket(self, n: int, sizes: list[int]) -> int:
@@ -81,6 +124,13 @@ class GraphPlan(ABC):
         ``table_idx`` is ``dummy_row`` (the row that points at the scratch page). A padding row's token
         id and position may be any valid ones (whatever an earlier batch left there). Rows from ``bs``
         on are not read by the graph of ``bs``."""
+
+    @abstractmethod
+    def replay(self, state: GraphState, batch: GraphInputs, prepare: Callable[[int], None]) -> torch.Tensor:
+        """The logits ``[n, vocab]`` of a decode batch of ``n`` rows: its bucket ``bs``, the batch padded
+        into ``state.static``, ``prepare(bs)`` (the attention metadata for ``bs`` rows) before the
+        graph of ``bs`` replays, then the first ``n`` rows of that graph's output (a view: the next
+        replay overwrites it)."""
 
 
 class BucketPlan(GraphPlan):
@@ -100,6 +150,16 @@ class BucketPlan(GraphPlan):
                 spent += cost(bs)
         return sorted(chosen)
 
+    def capture(self, state: GraphState, capture_one: CaptureFn) -> None:
+        pool = None
+        for bs in reversed(state.sizes):  # largest first: the pool grows once, to the largest graph
+            graph, out = capture_one(bs, pool)
+            state.graphs[bs], state.outputs[bs] = graph, out
+            pool = graph.pool() if pool is None else pool
+
+    def use_graph(self, phase: str, n: int, sizes: list[int]) -> bool:
+        return phase == "decode" and bool(sizes) and 1 <= n <= sizes[-1]
+
     def bucket(self, n: int, sizes: list[int]) -> int:
         if n > sizes[-1]:
             raise ValueError(f"a batch of {n} is larger than the largest graph ({sizes[-1]})")
@@ -114,6 +174,14 @@ class BucketPlan(GraphPlan):
         if bs > n:
             static.out_loc[n:bs].fill_(scratch_slot)  # padding writes only the scratch page
             static.table_idx[n:bs].fill_(dummy_row)
+
+    def replay(self, state: GraphState, batch: GraphInputs, prepare: Callable[[int], None]) -> torch.Tensor:
+        n = len(batch.input_ids)
+        bs = self.bucket(n, state.sizes)
+        self.pad(state.static, batch, bs, state.scratch_slot, state.dummy_row)
+        prepare(bs)
+        state.graphs[bs].replay()
+        return state.outputs[bs][:n]  # rows [n, bs) are the padding's logits
 
 
 GRAPH_PLANS: Registry[type[GraphPlan]] = Registry("CUDA-graph plan", {"default": BucketPlan})
@@ -143,6 +211,9 @@ def capture_sizes(
 
 
 class GraphRunner:
+    """CUDA graphs of a decode forward, one per captured size, run through a ``GraphPlan``: the runner
+    owns the static buffers and the CUDA calls; the plan, the bookkeeping."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -156,33 +227,24 @@ class GraphRunner:
         self.plan = plan or BucketPlan()
         self.max_bs = sizes[-1]
         dev = table.page_table.device
-        self.scratch, self.dummy_row = pool.scratch_slot, table.dummy_row
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int32, device=dev)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.out_loc = torch.full((self.max_bs,), self.scratch, dtype=torch.int64, device=dev)
+        table.point_dummy_row_at(pool.scratch_slot)
+        static = GraphInputs(
+            torch.zeros(self.max_bs, dtype=torch.int32, device=dev),
+            torch.zeros(self.max_bs, dtype=torch.int64, device=dev),
+            torch.full((self.max_bs,), pool.scratch_slot, dtype=torch.int64, device=dev),
+            torch.full((self.max_bs,), table.dummy_row, dtype=torch.int64, device=dev),
+        )
         self.logit_idx = torch.arange(self.max_bs, device=dev)
-        table.point_dummy_row_at(self.scratch)
-        self.table_idx = torch.full((self.max_bs,), table.dummy_row, dtype=torch.int64, device=dev)
-        self.static = GraphInputs(self.input_ids, self.positions, self.out_loc, self.table_idx)
+        self.state = GraphState(sizes, static, pool.scratch_slot, table.dummy_row)
+        self.graphs = self.state.graphs  # Engine.shutdown clears it before NCCL goes
         backend.init_cuda_graph(self.max_bs)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
         t = time.perf_counter()
-        mem = None
         with torch.inference_mode():
-            for bs in reversed(sizes):
-                batch = self._static_batch(bs)
-                backend.prepare_for_capture(batch)
-                with forward_context(batch, backend):
-                    if mem is None:  # one eager pass first: lazy inits and JIT compiles happen outside capture
-                        self._run(bs)
-                        torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=mem):
-                        self.outputs[bs] = self._run(bs)
-                mem = graph.pool()
-                self.graphs[bs] = graph
+            self.plan.capture(self.state, self._capture_one)
         torch.cuda.synchronize()
+        missing = sorted(set(sizes) - set(self.graphs))
+        if missing:
+            raise RuntimeError(f"the graph plan captured no graph of sizes {missing}")
         logger.info(
             "CUDA graphs: captured %d batch sizes up to %d in %.1f s", len(sizes), self.max_bs, time.perf_counter() - t
         )
@@ -190,23 +252,32 @@ class GraphRunner:
     def _static_batch(self, bs: int) -> Batch:
         """A batch of ``bs`` dummy requests over the static buffers (what the graph records)."""
         batch = Batch([], "decode", padded_size=bs)
-        batch.input_ids, batch.positions, batch.out_loc = self.input_ids[:bs], self.positions[:bs], self.out_loc[:bs]
-        batch.logit_idx, batch.table_idx = self.logit_idx[:bs], self.table_idx[:bs]
+        batch.input_ids, batch.positions, batch.out_loc, batch.table_idx = (t[:bs] for t in self.state.static)
+        batch.logit_idx = self.logit_idx[:bs]
         return batch
 
-    def _run(self, bs: int) -> torch.Tensor:
-        return self.model(self.input_ids[:bs], self.positions[:bs], self.logit_idx[:bs])
+    def _capture_one(self, bs: int, mem: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        static = self.state.static
+        batch = self._static_batch(bs)
+        self.backend.prepare_for_capture(batch)
+        with forward_context(batch, self.backend):
+            if mem is None:  # one eager pass first: lazy inits and JIT compiles happen outside capture
+                self.model(static.input_ids[:bs], static.positions[:bs], self.logit_idx[:bs])
+                torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=mem):
+                out = self.model(static.input_ids[:bs], static.positions[:bs], self.logit_idx[:bs])
+        return graph, out
 
     def can_run(self, batch: Batch) -> bool:
-        return batch.is_decode and batch.size <= self.max_bs
+        return self.plan.use_graph(batch.phase, batch.size, self.sizes)
 
     def replay(self, batch: Batch) -> torch.Tensor:
-        """Logits ``[batch.size, vocab]`` of a decode batch, through the smallest graph that fits."""
-        n = batch.size
-        bs = self.plan.bucket(n, self.sizes)
+        """Logits ``[batch.size, vocab]`` of a decode batch, through the plan's bucket and padding."""
+
+        def prepare(bs: int) -> None:
+            batch.padded_size = bs
+            self.backend.prepare_for_replay(batch)
+
         inputs = GraphInputs(batch.input_ids, batch.positions, batch.out_loc, batch.table_idx)
-        self.plan.pad(self.static, inputs, bs, self.scratch, self.dummy_row)
-        batch.padded_size = bs
-        self.backend.prepare_for_replay(batch)
-        self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        return self.plan.replay(self.state, inputs, prepare)

@@ -1,4 +1,5 @@
-"""Broken variants of solutions/lab09_cuda_graphs.py: one per pitfall its docstring names, one of each kind of
+"""Broken variants of solutions/lab09_cuda_graphs.py: one per pitfall its docstring names (sizes, bucket,
+padding, capture order and pool, the eager fallback, the replay's output), one of each kind of
 ``mutants.KINDS`` that can occur here, a correct one written another way (``EQUIVALENT``), and two that the
 hidden tests catch (``HIDDEN_MUTANTS``: stopping at the first candidate over the budget, which skipping
 agrees with while costs grow with the batch, as in every visible test; and no ``ValueError`` for a batch
@@ -25,16 +26,17 @@ _LOOP = "        for bs in self.candidates(max_bs)[:-1]:\n"
 _OUT = "        static.out_loc[n:bs].fill_(scratch_slot)\n"
 _ROWS = "        static.table_idx[n:bs].fill_(dummy_row)\n"
 _COPY = "        for buffer, rows in zip(static, batch):\n            buffer[:n].copy_(rows[:n])\n"
-_IMPORT = "from minisgl.engine.graph import GraphInputs, GraphPlan\n"
+_IMPORT = "from minisgl.engine.graph import CaptureFn, GraphInputs, GraphPlan, GraphState\n"
 _TAKEN = "        taken, spent = [max_bs], cost(max_bs)\n"
 _ERROR = "        if n > sizes[-1]:\n"
+_CAPTURE_ORDER = "        for bs in sorted(state.sizes, reverse=True):\n"
+_POOL = "            if pool is None:\n                pool = graph.pool()\n"
+_PHASE = '        if phase != "decode" or not sizes:\n'
+_HOLDS = "        return 1 <= n <= sizes[-1]\n"
+_SLICE = "        return state.outputs[bs][:n]\n"
 _RAISE = _ERROR + '            raise ValueError(f"no graph holds a batch of {n}: the largest is {sizes[-1]}")\n'
 
-NOT_APPLICABLE = {
-    "one_argument": "the contract's only input checks compare two arguments with each other (bucket: n > "
-    "sizes[-1]; sizes: cost(max_bs) > budget): no argument has a property of its own to check (pad's inputs "
-    "are the runner's, unchecked)",
-}
+NOT_APPLICABLE: dict[str, str] = {}
 
 MUTANTS = [
     Mutant(
@@ -86,28 +88,12 @@ MUTANTS = [
         "alias_of_the_engine",
         STEM,
         (
-            (_IMPORT, "from minisgl.engine.graph import BucketPlan, GraphInputs, GraphPlan\n"),
-            (_ROWS, _ROWS + "\n\nPaddedPlan = BucketPlan  # noqa: F811\n"),
+            (_IMPORT, "from minisgl.engine.graph import BucketPlan, CaptureFn, GraphInputs, GraphPlan, GraphState\n"),
+            (_SLICE, _SLICE + "\n\nPaddedPlan = BucketPlan  # noqa: F811\n"),
         ),
         must_fail=("candidates", "sizes_random"),
         hint="the engine's own",
         why="the lab's name bound to the engine's BucketPlan",
-        kind="engine_reference",
-    ),
-    Mutant(
-        "candidates_from_the_engine",
-        STEM,
-        (
-            (_IMPORT, "from minisgl.engine.graph import GraphInputs, GraphPlan, graph_batch_sizes\n"),
-            (
-                "        small = [bs for bs in self.SMALL if bs < max_bs]\n"
-                "        return small + list(range(self.STEP, max_bs, self.STEP)) + [max_bs]\n",
-                "        return graph_batch_sizes(max_bs)\n",
-            ),
-        ),
-        must_fail=("candidates", "sizes_random"),
-        hint="the engine's own",
-        why="candidates delegates to the engine's graph_batch_sizes",
         kind="engine_reference",
     ),
     Mutant(
@@ -226,11 +212,53 @@ MUTANTS = [
                 "            buffer[:n].copy_(rows[:n])\n",
                 "            buffer = torch.cat([rows[:n], buffer[n:]])  # noqa: F841\n",
             ),
-            ("import bisect\n", "import bisect\n\nimport torch\n"),
         ),
         must_fail=("pad_fills_rows", "padding_never_touches_real_kv", "padding_random"),
         hint="the static buffers were not written",
         why="new tensors bound to a local name: the graph reads the old buffers, which still hold the last batch",
+    ),
+    Mutant(
+        "capture_smallest_first",
+        STEM,
+        ((_CAPTURE_ORDER, "        for bs in sorted(state.sizes):\n"),),
+        must_fail=("capture",),
+        hint="captured smallest first",
+        why="graphs captured smallest first in one pool: every larger one adds its own blocks",
+        kind="order",
+    ),
+    Mutant(
+        "capture_a_pool_each",
+        STEM,
+        ((_POOL, ""),),
+        must_fail=("capture",),
+        hint="a pool of its own",
+        why="pool=None at every capture: a memory pool per graph, their costs add up",
+    ),
+    Mutant(
+        "use_graph_for_prefill",
+        STEM,
+        ((_PHASE, "        if not sizes:\n"),),
+        must_fail=("use_graph", "engine_runs_your_plan"),
+        hint="a prefill or mixed batch sent to a graph",
+        why="only n and sizes checked, not the phase: a prefill batch replays a decode graph",
+        kind="one_argument",
+    ),
+    Mutant(
+        "use_graph_refuses_the_largest",
+        STEM,
+        ((_HOLDS, "        return 1 <= n < sizes[-1]\n"),),
+        must_fail=("use_graph", "engine_runs_your_plan"),
+        hint="sent to eager mode",
+        why="n < sizes[-1] for n <= sizes[-1]: a batch of exactly the largest size runs eagerly",
+        kind="boundary",
+    ),
+    Mutant(
+        "replay_returns_the_padding",
+        STEM,
+        ((_SLICE, "        return state.outputs[bs]\n"),),
+        must_fail=("replay",),
+        hint="the whole output returned",
+        why="bs rows of logits for a batch of n: the padding rows' logits reach the sampler",
     ),
 ]
 
@@ -270,6 +298,13 @@ EQUIVALENT = Mutant(
             "        static.table_idx[:n] = batch.table_idx[:n]\n",
         ),
         (_OUT, "        static.out_loc[n:bs] = scratch_slot\n"),
+        (_CAPTURE_ORDER, "        for bs in reversed(state.sizes):\n"),
+        (_POOL, "            pool = pool or graph.pool()\n"),
+        (
+            _PHASE + "            return False\n" + _HOLDS,
+            '        return phase == "decode" and len(sizes) > 0 and 0 < n <= max(sizes)\n',
+        ),
+        (_SLICE, "        return state.outputs[bs].narrow(0, 0, n)\n"),
     ),
     must_fail=(),
 )

@@ -3,10 +3,13 @@ and the step it happens in are recorded, and the order is checked against the co
 random schedules; then the real engine running your loop (``components={"loop": "lab08"}``) on a tiny
 model, against the plain loop. Run: ``python -m autograder lab08``.
 
-The stand-in (``RecordingPhases``) plays a script: at each step ``schedule()`` returns a new batch or
-None. Batch ``k`` is the ``k``-th batch scheduled (from 0); a step is one call of ``loop.step()`` (from
-1). What the contract expects at step ``n``: launch the batch scheduled in step ``n`` (if any), then
-wait for and process the batch launched in step ``n - 1`` (if any), and return its tokens."""
+The stand-in (``RecordingPhases``) plays a script: at each step ``schedule()`` returns a new batch (of
+named requests, some of which its ``process`` finishes on EOS or at their length; some aborted between
+steps) or None. Batch ``k`` is the ``k``-th batch scheduled (from 0); a step is one call of ``loop.step()``
+(from 1). What the contract expects at step ``n``: launch the batch scheduled in step ``n`` (if any), then
+wait for and process the batch launched in step ``n - 1`` (if any), return its tokens, and free every
+finished request that the batch launched in step ``n`` does not contain (the others one step later).
+Every ``free`` is checked at once against the batches launched and not yet processed."""
 
 from __future__ import annotations
 
@@ -29,11 +32,38 @@ class Violation(AssertionError):
 
 # ---- the recording stand-in for the scheduler's phases ------------------------------------------------------
 @dataclass(eq=False)
+class FakeReq:
+    name: str
+    finished: str | None = None  # "stop", "length" or "abort" once finished
+    freed: bool = False
+
+    @property
+    def uid(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"request {self.name}"
+
+
+@dataclass(eq=False)
 class FakeBatch:
     index: int
+    reqs: list[FakeReq] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return f"batch {self.index}"
+
+
+@dataclass
+class Plan:
+    """One step of a script: the requests of the batch ``schedule()`` returns (space-separated names; ""
+    for None), which of them ``process`` of that batch finishes on EOS or at their length, and the requests
+    aborted just before the step (from outside, as a client that goes away)."""
+
+    reqs: str = ""
+    eos: str = ""
+    length: str = ""
+    abort: str = ""
 
 
 @dataclass(eq=False)
@@ -56,31 +86,57 @@ class Ready:  # what to_host() returns second: what wait() blocks on
     batch: FakeBatch
 
 
-def batch_events(index: int) -> list[TokenEvent]:
-    """The tokens process() hands out for batch ``index`` (two requests, distinct per batch)."""
-    return [TokenEvent(uid=10 * index, token_id=1000 + index), TokenEvent(uid=10 * index + 1, token_id=2000 + index)]
+def as_plan(entry, step: int) -> Plan:
+    """``True``: a batch of two new requests (named after the step), ``False``/None: idle; or a ``Plan``."""
+    if isinstance(entry, Plan):
+        return entry
+    return Plan(f"s{step}a s{step}b") if entry else Plan()
 
 
 class RecordingPhases:
-    """Plays a script (``True``: ``schedule()`` returns a new batch, ``False``: None; None once the script
+    """Plays a script (per step a ``Plan``, or ``True``: a new batch / ``False``: None; None once the script
     ends) and records every call as ``(step, phase, argument)``: the batch index (None for a
-    ``schedule()`` that returned None), for ``wait`` the object it got, for ``process`` also its tokens."""
+    ``schedule()`` that returned None), for ``wait`` the object it got, for ``process`` also its tokens, for
+    ``free`` the request's name. ``free`` of a request that a launched, unprocessed batch contains raises."""
 
     def __init__(self, script):
-        self.script = list(script)
+        self.plans = [as_plan(e, n + 1) for n, e in enumerate(script)]
         self.step = 0  # set by ``play`` before each loop.step()
         self.calls: list[tuple[int, str, object]] = []
         self.batches: list[FakeBatch] = []
         self.handed: dict[int, tuple[HostTokens, Ready]] = {}  # to_host's answer, per batch
+        self.events: dict[int, list[TokenEvent]] = {}  # what process() returned, per batch
+        self.reqs: dict[str, FakeReq] = {}
+        self.launched: set[int] = set()
+        self.processed: set[int] = set()
+        self.finished_at: dict[str, int] = {}  # name -> step in which it finished (process, or the abort)
+        self.untaken: list[FakeReq] = []
+
+    def plan(self, step: int) -> Plan:
+        return self.plans[step - 1] if 0 < step <= len(self.plans) else Plan()
+
+    def req(self, name: str) -> FakeReq:
+        return self.reqs.setdefault(name, FakeReq(name))
+
+    def begin(self, step: int) -> None:
+        """Before step ``step``: its aborts."""
+        self.step = step
+        for name in self.plan(step).abort.split():
+            r = self.req(name)
+            if r.finished is None:
+                r.finished = "abort"
+                self.finished_at[name] = step
+                self.untaken.append(r)
 
     def _record(self, phase: str, what) -> None:
         self.calls.append((self.step, phase, what))
 
     def schedule(self):
-        if not (self.script.pop(0) if self.script else False):
+        plan = self.plan(self.step) if sum(p == "schedule" for s, p, _ in self.calls if s == self.step) == 0 else Plan()
+        if not plan.reqs:
             self._record("schedule", None)
             return None
-        batch = FakeBatch(len(self.batches))
+        batch = FakeBatch(len(self.batches), [self.req(n) for n in plan.reqs.split()])
         self.batches.append(batch)
         self._record("schedule", batch.index)
         return batch
@@ -101,6 +157,7 @@ class RecordingPhases:
         if not isinstance(info, Info) or info.batch is not batch:
             raise Violation(f"launch({batch!r}, info) must get the info prepare({batch!r}) returned, got {info!r}")
         self._record("launch", batch.index)
+        self.launched.add(batch.index)
         return DeviceTokens(batch)
 
     def to_host(self, tokens):
@@ -118,7 +175,50 @@ class RecordingPhases:
         if not isinstance(batch, FakeBatch):
             raise Violation(f"process() was called with {batch!r} instead of a launched batch")
         self._record("process", (batch.index, tokens))
-        return batch_events(batch.index)
+        self.processed.add(batch.index)
+        plan = self.plan(self.step_of(batch.index))
+        events = []
+        for r in batch.reqs:
+            if r.finished is not None:  # rode along (or aborted): its token is dropped
+                continue
+            reason = "stop" if r.name in plan.eos.split() else "length" if r.name in plan.length.split() else None
+            events.append(TokenEvent(uid=r.name, token_id=1000 + batch.index, finish_reason=reason))
+            if reason is not None:
+                r.finished = reason
+                self.finished_at[r.name] = self.step
+                self.untaken.append(r)
+        self.events.setdefault(batch.index, events)
+        return events
+
+    def step_of(self, index: int) -> int:
+        """The step whose plan made batch ``index``."""
+        return next(s for s, p, what in self.calls if p == "schedule" and what == index)
+
+    def take_finished(self):
+        self._record("take_finished", [r.name for r in self.untaken])
+        taken, self.untaken = self.untaken, []
+        return taken
+
+    def free(self, req):
+        if not isinstance(req, FakeReq):
+            raise Violation(f"free() takes a request that take_finished() returned, got {req!r}")
+        if req.freed:
+            raise Violation(
+                f"free({req!r}) was called twice (again in step {self.step}): freed twice, its row and pages would "
+                "go back to the pool twice (two requests would get them). Free each finished request once"
+            )
+        if req.finished is None:
+            raise Violation(f"free({req!r}): the request has not finished; free only what take_finished() returned")
+        for j in sorted(self.launched - self.processed):
+            if req in self.batches[j].reqs:
+                raise Violation(
+                    f"free({req!r}) in step {self.step}: batch {j} (launched in step {self.step_of(j)}) contains it "
+                    f"and is not processed yet: freed early, while a launched batch still reads its row and KV "
+                    f"pages ({req!r} finished in step {self.finished_at[req.name]}, {req.finished}; it rides along "
+                    f"in batch {j}). Keep it (self.held) and free it after batch {j} was processed"
+                )
+        req.freed = True
+        self._record("free", req.name)
 
 
 @dataclass
@@ -155,7 +255,7 @@ def play(script, steps: int | None = None, in_flight: bool = False) -> Trace:
     if in_flight:
         trace.in_flight_before = loop.in_flight
     for n in range(1, (steps or len(script) + 3) + 1):
-        phases.step = n
+        phases.begin(n)
         before = len(phases.batches)
         try:
             returned = loop.step()
@@ -331,7 +431,7 @@ def check_host_tokens(trace: Trace) -> None:
 def check_returns(trace: Trace) -> None:
     """A step returns the tokens of the batch it processed ([] when none)."""
     for s in trace.steps:
-        want = [e for j in s.processed() for e in batch_events(j)]
+        want = [e for j in s.processed() for e in trace.phases.events[j]]
         if not isinstance(s.returned, list) or s.returned != want:
             what = f"process() of batch {s.processed()[0]} in that step returned" if want else "nothing was processed:"
             raise AssertionError(
@@ -353,8 +453,43 @@ def check_in_flight(trace: Trace) -> None:
             )
 
 
+def check_frees(trace: Trace) -> None:
+    """Each finished request is freed once, in the first step after which no launched, unprocessed batch
+    contains it (an early free raises in ``RecordingPhases.free``)."""
+    ph = trace.phases
+    frees: dict[str, list[int]] = {}
+    for s in trace.steps:
+        for phase, what in s.calls:
+            if phase == "free":
+                frees.setdefault(what, []).append(s.number)
+    launched_at = {s.number: ph.batches[s.scheduled] for s in trace.steps if s.scheduled is not None}
+    for name, n0 in sorted(ph.finished_at.items(), key=lambda kv: kv[1]):
+        r, batch = ph.reqs[name], launched_at.get(n0)
+        rides = batch is not None and r in batch.reqs
+        want = n0 + 1 if rides else n0
+        why = (
+            f"batch {batch.index}, launched in step {n0}, contains it: free it after that batch is processed"
+            if rides
+            else f"no batch launched in step {n0} contains it"
+        )
+        got = frees.get(name, [])
+        drain = "" if want in launched_at else " (nothing new was launched then: still free the held requests)"
+        if not got:
+            raise AssertionError(
+                f"{r!r} finished in step {n0} ({r.finished}) and was never freed: its row and KV pages never come "
+                f"back. Expected free() in step {want}{drain}: {why}. Free every request take_finished() returns"
+            )
+        if got[0] > want:
+            raise AssertionError(
+                f"{r!r} finished in step {n0} ({r.finished}) and was freed in step {got[0]}, expected step {want}"
+                f"{drain} ({why}): freed a step late, its memory held while nothing reads it (waiting requests "
+                "stay out). Check each finished request against the batch in flight, not the group at once, and call "
+                "take_finished() after the step's process()"
+            )
+
+
 # ---- fixed schedules ----------------------------------------------------------------------------------------
-@points(6)
+@points(4)
 def test_first_step_launches_and_keeps_it_pending():
     """Step 1 plans, prepares, launches and sends to_host batch 0, and processes nothing: returns []."""
     trace = play([True], steps=1)
@@ -363,7 +498,7 @@ def test_first_step_launches_and_keeps_it_pending():
     check_returns(trace)
 
 
-@points(12)
+@points(10)
 def test_launches_the_next_batch_before_processing():
     """Step 2 launches batch 1 (schedule, prepare, launch, to_host), then processes batch 0."""
     trace = play([True, True], steps=2)
@@ -371,19 +506,19 @@ def test_launches_the_next_batch_before_processing():
     check_processing(trace)
 
 
-@points(6)
+@points(4)
 def test_waits_before_processing():
     """Every process(batch) comes after a wait() for that batch's host copy, in the same step."""
     check_waits(play([True, True, False], steps=3))
 
 
-@points(4)
+@points(3)
 def test_process_reads_the_host_copy():
     """process(batch, tokens) reads the host copy that to_host() returned for that batch."""
     check_host_tokens(play([True, True, False], steps=3))
 
 
-@points(10)
+@points(8)
 def test_drains_the_last_batch():
     """When schedule() returns None the pending batch is still processed, its tokens returned; then nothing."""
     trace = play([True, False, False], steps=3)
@@ -392,13 +527,13 @@ def test_drains_the_last_batch():
     check_returns(trace)
 
 
-@points(6)
+@points(4)
 def test_in_flight():
     """in_flight is True exactly while a launched batch is not processed yet."""
     check_in_flight(play([True, True, False, False], steps=4, in_flight=True))
 
 
-@points(8)
+@points(6)
 def test_processes_each_batch_once_in_launch_order():
     """Over a longer schedule with idle steps, each batch is processed once, in launch order, one step late."""
     trace = play([True, True, False, True, True, True, False, False, True, False], steps=12)
@@ -406,34 +541,116 @@ def test_processes_each_batch_once_in_launch_order():
     check_returns(trace)
 
 
+RIDES_ALONG = [
+    Plan("a b", eos="a"),  # batch 0: a samples EOS (process finds out in step 2)
+    Plan("a b"),  # batch 1, planned before batch 0 was processed: a rides along
+    Plan("b", length="b"),  # batch 2: b reaches its length
+    Plan(),
+]
+
+EOS_AND_LENGTH = [
+    Plan("a b c", eos="a", length="b"),  # batch 0: a stops on EOS, b at its length (known when batch 1 is planned)
+    Plan("a c"),  # batch 1: a rides along, b is not in it
+    Plan("c", length="c"),
+    Plan(),
+]
+
+DRAIN_AND_ABORT = [
+    Plan("a b", eos="a"),
+    Plan(),  # idle: batch 0 is drained, nothing launched
+    Plan("b"),
+    Plan("c", abort="b"),  # b aborted while batch 1 (with it) is pending
+    Plan("", length=""),
+]
+
+
+@points(10)
+def test_frees_a_request_only_after_its_last_batch():
+    """A request that finished on EOS in batch 0 rides along in batch 1: freed after batch 1 is processed."""
+    check_frees(play(RIDES_ALONG))
+
+
+@points(6)
+def test_frees_each_request_as_soon_as_no_batch_reads_it():
+    """Two requests finish in one batch: the one riding along in the next batch waits, the other (length) is
+    freed at once."""
+    check_frees(play(EOS_AND_LENGTH))
+
+
+@points(6)
+def test_frees_at_the_drain_and_after_an_abort():
+    """Finished when nothing new is launched: freed in that step; aborted while in the pending batch: freed
+    after that batch is processed."""
+    trace = play(DRAIN_AND_ABORT)
+    check_processing(trace)
+    check_frees(trace)
+
+
 # ---- random schedules -----------------------------------------------------------------------------------------
-def check_script(script: list[bool]) -> None:
+def random_plans(shape: list[bool], rng: random.Random) -> list[Plan]:
+    """A script as the scheduler would play it: per step a batch (``True``) of the running requests and up to
+    two new ones, or None; some finish on EOS (and ride along in the next batch when one is planned in the
+    very next step), some at their length (known before the next batch is planned), one now and then aborted."""
+    plans, running, riders, count = [], [], [], 0
+    for has_batch in shape:
+        abort = [r for r in running if r not in riders and rng.random() < 0.1][:1]
+        running = [r for r in running if r not in abort]
+        eos, length = [], []
+        if has_batch:
+            for _ in range(rng.randint(0 if running else 1, 2)):
+                running.append(f"r{count}")
+                count += 1
+            reqs = list(running)
+            for r in reqs:
+                if r not in riders:
+                    x = rng.random()
+                    (eos if x < 0.25 else length if x < 0.4 else []).append(r)
+            plans.append(Plan(" ".join(reqs), " ".join(eos), " ".join(length), " ".join(abort)))
+        else:
+            plans.append(Plan(abort=" ".join(abort)))
+        running = [r for r in running if r not in riders and r not in length]  # the previous batch is processed
+        riders = eos
+    return plans
+
+
+def show_plans(plans: list[Plan]) -> str:
+    out = []
+    for n, p in enumerate(plans, 1):
+        bits = [f"batch [{p.reqs}]" if p.reqs else "None"]
+        bits += [f"{k}: {v}" for k, v in (("EOS", p.eos), ("length", p.length), ("aborted before", p.abort)) if v]
+        out.append(f"step {n}: " + ", ".join(bits))
+    return "\n".join(out)
+
+
+def check_script(script) -> None:
     """Every rule on one schedule (the script, then 3 idle steps)."""
     try:
         trace = play(script, in_flight=True)
         check_launches(trace)
         check_processing(trace)
-        if any(script):
+        if any(bool(as_plan(e, 1).reqs) for e in script):
             check_waits(trace)
             check_host_tokens(trace)
         check_returns(trace)
         check_in_flight(trace)
+        check_frees(trace)
     except AssertionError as e:
-        shown = "".join("B" if x else "." for x in script)
-        raise AssertionError(f"{e}\nschedule (B: a batch, .: None): {shown}") from None
+        plans = [as_plan(e, n + 1) for n, e in enumerate(script)]
+        raise AssertionError(f"{e}\nthe schedule:\n{show_plans(plans)}") from None
 
 
-@points(12, timeout=90)
+@points(10, timeout=90)
 def test_random_schedules():
-    """Random schedules (batches and idle steps): every rule above, at every step."""
+    """Random schedules (batches, idle steps, EOS and length finishes, aborts): every rule above, at every step."""
     check_script([True, True, False, True])
+    check_script(RIDES_ALONG)
     _random_schedules()
 
 
 @settings(max_examples=60, phases=[Phase.explicit, Phase.generate])
-@given(script=st.lists(st.booleans(), min_size=1, max_size=14))
-def _random_schedules(script):
-    check_script(script)
+@given(shape=st.lists(st.booleans(), min_size=1, max_size=14), seed=st.integers(0, 2**16))
+def _random_schedules(shape, seed):
+    check_script(random_plans(shape, random.Random(seed)))
 
 
 # ---- the engine on your loop ----------------------------------------------------------------------------------
@@ -458,14 +675,15 @@ def workload(vocab: int, seed: int = 8) -> list[Request]:
 
 
 class WatchedPhases:
-    """The scheduler, seen by the loop under test: every phase goes through, and each launch checks that
-    every request of the batch still holds its memory (a request that finished gives its table row and
-    pages back: ``Req.table_idx`` becomes -1). Records (step, phase, batch) for the one-step check."""
+    """The scheduler, seen by the loop under test: every phase goes through; each launch checks that every
+    request of the batch still holds its memory (a freed request's ``Req.table_idx`` is -1), and each
+    ``free`` that no launched, unprocessed batch contains the request. Records (step, phase, batch)."""
 
     def __init__(self, sched, log: list, problems: list):
         self._sched, self.log, self.problems = sched, log, problems
         self.step = 0
         self.numbers: dict = {}  # batch -> its number, in scheduling order (keeps every batch alive)
+        self.in_flight: dict = {}  # number -> batch, launched and not processed
 
     def __getattr__(self, name):
         return getattr(self._sched, name)
@@ -492,6 +710,7 @@ class WatchedPhases:
                     "then process"
                 )
         self.log.append((self.step, "launch", n))
+        self.in_flight[n] = batch
         return self._sched.launch(batch, info)
 
     def to_host(self, tokens):
@@ -502,7 +721,23 @@ class WatchedPhases:
 
     def process(self, batch, tokens):
         self.log.append((self.step, "process", self._number(batch)))
+        self.in_flight.pop(self._number(batch), None)
         return self._sched.process(batch, tokens)
+
+    def take_finished(self):
+        return self._sched.take_finished()
+
+    def free(self, req):
+        for n, batch in self.in_flight.items():
+            if any(r is req for r in batch.reqs) and not self.problems:
+                self.problems.append(
+                    f"step {self.step}: free(request {req.uid}) while batch {n}, launched and not processed yet, "
+                    "contains it: freed early (the request rode along in the batch just launched; its row and KV "
+                    "pages may go to the next request admitted while that batch reads them). Keep it and free it "
+                    "after that batch is processed"
+                )
+        self.log.append((self.step, "free", req.uid))
+        return self._sched.free(req)
 
 
 @dataclass
@@ -513,9 +748,10 @@ class EngineRun:
     steps: int
 
 
-def run_engine(model, loop, reqs: list[Request], eos: list[int], page_size: int = 1) -> EngineRun:
+def run_engine(model, loop, reqs: list[Request], eos: list[int], page_size: int = 1, abort=None) -> EngineRun:
     """The engine with ``loop`` (a SchedulerLoop class) driving a watched scheduler, stepped by hand:
-    requests are added at their arrival step; at most a few hundred steps."""
+    requests are added at their arrival step; ``abort``: (step, request) aborted before that step; at most
+    a few hundred steps."""
     from minisgl import LLM, SamplingParams
 
     log: list = []
@@ -558,6 +794,8 @@ def run_engine(model, loop, reqs: list[Request], eos: list[int], page_size: int 
                 )
             step += 1
             watched[0].step = step
+            if abort is not None and abort[0] == step:
+                sched.abort(abort[1])
             for ev in sched.step():
                 tokens, _ = out[ev.uid]
                 tokens.append(ev.token_id)
@@ -577,22 +815,30 @@ def stop_tokens(model, reqs: list[Request]) -> list[int]:
     return sorted({tokens[min(1 + i % 3, len(tokens) - 1)] for tokens, i in answers})
 
 
-def engine_runs(model, page_size: int = 1) -> tuple[EngineRun, EngineRun]:
-    """(yours, the plain loop's) on the same workload, with tokens of the answers made EOS (``stop_tokens``)."""
+def prepared(model):
+    """(your loop class, the workload, its EOS ids); a stub fails here, before any engine runs."""
     from minisgl.models.config import ModelConfig
-    from minisgl.scheduler import PlainLoop
 
     cls = lab.loop_class()
-    smoke = cls(RecordingPhases([True]))
-    smoke.step(), smoke.in_flight  # a stub fails here, before any engine runs
+    smoke = cls(RecordingPhases(RIDES_ALONG))
+    for _ in range(len(RIDES_ALONG)):
+        smoke.step()
+    assert isinstance(smoke.in_flight, bool), "in_flight must be a bool"
     reqs = workload(ModelConfig.from_path(model).vocab_size)
-    eos = stop_tokens(model, reqs)
+    return cls, reqs, stop_tokens(model, reqs)
+
+
+def engine_runs(model, page_size: int = 1) -> tuple[EngineRun, EngineRun]:
+    """(yours, the plain loop's) on the same workload, with tokens of the answers made EOS (``stop_tokens``)."""
+    from minisgl.scheduler import PlainLoop
+
+    cls, reqs, eos = prepared(model)
     with engine_failure("your loop"):
         got = run_engine(model, cls, reqs, eos, page_size)
     return got, run_engine(model, PlainLoop, reqs, eos, page_size)
 
 
-@points(12, timeout=180)
+@points(10, timeout=180)
 @engine
 def test_engine_tokens_equal_the_plain_loop(tiny_llama):
     """The engine on your loop (requests arriving mid-run, chunked prompts, EOS and length finishes at
@@ -615,16 +861,25 @@ def test_engine_tokens_equal_the_plain_loop(tiny_llama):
             )
 
 
-@points(7, timeout=120)
+@points(5, timeout=120)
 @engine
 def test_engine_frees_no_memory_in_use(tiny_llama):
-    """At every launch, every request of the batch still holds its table row and KV pages: a request that
-    finished in batch i rides along in batch i+1, so it may give them back only after i+1 was launched."""
-    got, _ = engine_runs(tiny_llama)
+    """In the engine (one request aborted mid-run), no request is freed while a launched, unprocessed batch
+    contains it, none is freed before a batch that computes it is launched, and every request is freed once."""
+    cls, reqs, eos = prepared(tiny_llama)
+    victim = max((i for i, r in enumerate(reqs) if r.arrival == 0 and r.ignore_eos), key=lambda i: reqs[i].max_tokens)
+    with engine_failure("your loop"):
+        got = run_engine(tiny_llama, cls, reqs, eos, abort=(4, victim))
     assert not got.problems, got.problems[0]
+    freed = sorted(uid for _, phase, uid in got.log if phase == "free")
+    assert freed == list(range(len(reqs))), (
+        f"free() was called for requests {freed}, expected each of {list(range(len(reqs)))} once: every request "
+        "take_finished() returns is freed once (never freed: its memory never comes back; twice: two requests "
+        "would get it)"
+    )
 
 
-@points(7, timeout=120)
+@points(4, timeout=120)
 @engine
 def test_engine_one_step_behind(tiny_llama):
     """In the engine, each step launches its batch first, then processes the batch launched in the

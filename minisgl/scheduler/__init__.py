@@ -4,7 +4,8 @@
 from minisgl.scheduler.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy, Optimistic, ReserveAll
 from minisgl.scheduler.chunking import CHUNKING_POLICIES, ChunkingPolicy, GreedyChunking
 from minisgl.scheduler.events import BatchEvent, CacheStats, TokenEvent
-from minisgl.scheduler.loop import LOOPS, OverlapLoop, PlainLoop, SchedulerLoop
+from minisgl.scheduler.loop import LOOPS, Phases, SchedulerLoop
+from minisgl.scheduler.loops import OverlapLoop, PlainLoop
 from minisgl.scheduler.scheduler import Scheduler
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "LOOPS",
     "Optimistic",
     "OverlapLoop",
+    "Phases",
     "PlainLoop",
     "ReserveAll",
     "Scheduler",

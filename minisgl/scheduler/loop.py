@@ -1,8 +1,10 @@
-"""The scheduler loop: how one ``step()`` runs the four phases of a batch.
+"""The scheduler loop: how one ``step()`` runs the phases of a batch, and when a finished request's
+memory goes back.
 
 ::
 
-    schedule -> prepare -> launch (forward + sample, async on a GPU) -> process (host: tokens out)
+    schedule -> prepare -> launch (forward + sample, async on a GPU) -> to_host, wait -> process
+    (process finishes requests; their row and KV pages go back through ``free``, the loop's call)
 
 The plain loop runs them in order and waits for each batch's tokens. The overlap loop launches
 batch ``i+1`` *before* processing batch ``i``, so the host's work of one step hides behind the
@@ -11,10 +13,18 @@ device's work of the next::
     host:    sched₁ launch₁ | sched₂ launch₂ process₁ | sched₃ launch₃ process₂ | ...
     device:          fwd₁.......... | fwd₂.............. | fwd₃..............
 
-It is correct because nothing batch ``i+1`` needs comes from the host: its inputs are read from the
-token pool on the device, and memory freed while it runs is reused only by later work on the same
-stream. A request that finished in batch ``i`` (on EOS) rides along in batch ``i+1`` once; its extra
-token is dropped. Both loops give the same tokens.
+Its tokens are the plain loop's because nothing batch ``i+1`` needs comes from the host: its inputs
+are read from the token pool on the device. A request that finished in batch ``i`` (on EOS) is
+already in batch ``i+1`` when ``process(i)`` finds out: it rides along once, its extra token is
+dropped, and its memory is freed only after batch ``i+1`` was processed.
+
+Why then: a launched batch reads its requests' rows (page table, token pool) and KV pages whenever
+the device runs it, and the host knows it has only once that batch's copy landed (``wait``).
+Memory given back earlier may go to the next request the host plans, whose page-table entries and
+prompt the host writes at once. On minisgl's GPU path those writes queue on the batch's own stream,
+after it; they do not where device memory is the host's (on the CPU the page table *is* a host
+tensor: a forward run by a worker thread reads it while the host plans) or where the next batch is
+prepared on a second stream (Mini-SGLang, which frees the same way). The rule holds on all of them.
 """
 
 from __future__ import annotations
@@ -24,17 +34,17 @@ from typing import Any, Protocol
 
 import torch
 
-from minisgl.core import Batch
+from minisgl.core import Batch, Req
 from minisgl.registry import Registry
 from minisgl.scheduler.events import TokenEvent
-from minisgl.utils import nvtx_range
 
 
 class Phases(Protocol):
     """The scheduler's side of the loop contract (``minisgl.scheduler.Scheduler``)."""
 
     def schedule(self) -> Batch | None:
-        """The next batch (requests' counters advanced as if it ran), or None when idle."""
+        """The next batch (requests' counters advanced as if it ran), or None when idle. A request
+        ``process`` finished is never in a batch planned after that ``process``."""
 
     def prepare(self, batch: Batch) -> Any:
         """Allocate the batch's KV, build its tensors; returns the sampling info for ``launch``."""
@@ -50,14 +60,24 @@ class Phases(Protocol):
         """Block until a ``to_host`` copy has landed."""
 
     def process(self, batch: Batch, tokens: torch.Tensor) -> list[TokenEvent]:
-        """Hand out a launched batch's tokens (host tensor); finish requests and free their memory."""
+        """Hand out a launched batch's tokens (host tensor) and finish the requests that are done
+        (EOS, length). A finished request keeps its row and KV pages until ``free``."""
+
+    def take_finished(self) -> list[Req]:
+        """The requests finished (by ``process``, or aborted) since the last call, still holding
+        their memory, each returned once."""
+
+    def free(self, req: Req) -> None:
+        """Give a finished request's row and KV pages back (whole pages to the prefix cache); once
+        per request, and only when no launched, unprocessed batch contains it."""
 
 
 class SchedulerLoop(ABC):
     """Lab 08's seam, registered in ``LOOPS``. ``step()`` runs at most one new batch and returns the
     tokens that reached the host during the call; every launched batch is processed exactly once,
     in launch order, after its copy landed (``wait``), and never before the next batch was planned
-    from the state the previous ones left."""
+    from the state the previous ones left. Every request ``take_finished`` returns is ``free``d once,
+    in the first step where no launched, unprocessed batch contains it."""
 
     def __init__(self, sched: Phases):
         self.sched = sched
@@ -71,54 +91,16 @@ class SchedulerLoop(ABC):
         """A launched batch whose tokens are not processed yet."""
 
 
-class PlainLoop(SchedulerLoop):
-    def step(self) -> list[TokenEvent]:
-        s = self.sched
-        with nvtx_range("schedule"):
-            batch = s.schedule()
-        if batch is None:
-            return []
-        with nvtx_range("prepare"):
-            info = s.prepare(batch)
-        with nvtx_range("forward"):
-            tokens, ready = s.to_host(s.launch(batch, info))
-        with nvtx_range("process"):
-            s.wait(ready)
-            return s.process(batch, tokens)
-
-    @property
-    def in_flight(self) -> bool:
-        return False
+# name -> factory(scheduler); the engine's loops are in loops.py, imported on first use
+LOOPS: Registry[type[SchedulerLoop]] = Registry(
+    "scheduler loop", {"plain": "minisgl.scheduler.loops:PlainLoop", "overlap": "minisgl.scheduler.loops:OverlapLoop"}
+)
 
 
-class OverlapLoop(SchedulerLoop):
-    def __init__(self, sched: Phases):
-        super().__init__(sched)
-        self._pending: tuple[Batch, torch.Tensor, Any] | None = None  # launched, not processed
+def __getattr__(name: str) -> Any:
+    # NOTE: older imports (``from minisgl.scheduler.loop import PlainLoop``) still work
+    if name in ("PlainLoop", "OverlapLoop"):
+        from minisgl.scheduler import loops
 
-    def step(self) -> list[TokenEvent]:
-        s = self.sched
-        with nvtx_range("schedule"):
-            batch = s.schedule()
-        launched = None
-        if batch is not None:
-            with nvtx_range("prepare"):
-                info = s.prepare(batch)
-            with nvtx_range("forward"):
-                launched = (batch, *s.to_host(s.launch(batch, info)))
-        events: list[TokenEvent] = []
-        if self._pending is not None:
-            done, tokens, ready = self._pending
-            with nvtx_range("process"):
-                s.wait(ready)
-                events = s.process(done, tokens)
-        self._pending = launched
-        return events
-
-    @property
-    def in_flight(self) -> bool:
-        return self._pending is not None
-
-
-# name -> factory(scheduler)
-LOOPS: Registry[type[SchedulerLoop]] = Registry("scheduler loop", {"plain": PlainLoop, "overlap": OverlapLoop})
+        return getattr(loops, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

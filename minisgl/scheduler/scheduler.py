@@ -6,7 +6,8 @@ order across steps: ``loop.py``):
     schedule  -> prefill batch (admit waiting requests, continue a chunked prompt) or decode batch
     prepare   -> allocate KV pages, write the page table, build input/position/slot tensors
     launch    -> engine.forward_batch: model + sampling; sampled ids go into the token pool
-    process   -> (host) append tokens, detect finished requests, free or cache their memory
+    process   -> (host) append tokens, detect finished requests (the loop then ``free``s their
+                 memory, to the prefix cache or the free list, once no launched batch reads it)
 
 Policy: prefill first (new requests start as soon as memory allows; who starts is the admission
 policy's call, ``admission.py``), except that after a chunk of a long prompt the running requests
@@ -66,6 +67,8 @@ class Scheduler:
         self._seed_rng = random.Random(config.seed)
         self._events: deque[BatchEvent] = deque()  # prepared, not yet processed (observers only)
         self._retracted: list[int] = []  # uids retracted while planning the next batch
+        self._finished: dict[Req, str] = {}  # finished, memory held until the loop frees it -> reason
+        self._untaken: list[Req] = []  # of those, not yet handed to the loop (take_finished)
         self._num_batches = 0
         self._t_schedule = 0.0
         self.wait_seconds = 0.0  # host time spent waiting for the device's tokens (0 = host-bound)
@@ -91,7 +94,8 @@ class Scheduler:
         return make_request(uid, input_ids, sampling, self.engine, self.cache, lambda: self._seed_rng.getrandbits(63))
 
     def abort(self, uid: int) -> bool:
-        """Stop a request now and free its memory; False if it is unknown or already done."""
+        """Stop a request now and free its memory (a batch in flight with it: the loop frees it once
+        processed); False if it is unknown or already done."""
         req = self.reqs.get(uid)
         if req is None:
             return False
@@ -102,6 +106,9 @@ class Scheduler:
         if self.prefill.chunked is req:
             self.prefill.chunked = None
         self._finish(req, "abort")
+        if not self.loop.in_flight:  # no launched batch reads its memory: free it now, not at the next step
+            self._untaken.remove(req)
+            self.free(req)
         return True
 
     def add_eos_ids(self, ids) -> None:
@@ -115,7 +122,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.reqs) or self.loop.in_flight
+        return bool(self.reqs) or self.loop.in_flight or bool(self._finished)
 
     @property
     def num_running(self) -> int:
@@ -130,6 +137,10 @@ class Scheduler:
         """Run one batch; return the tokens that reached the host during this call."""
         events = self.loop.step()
         if self.config.debug_checks and not self.loop.in_flight:
+            assert not self._finished, (
+                f"requests {[r.uid for r in self._finished]} finished and nothing is in flight, but their memory "
+                "was never freed: the loop must free() every request take_finished() returns"
+            )
             self.check_memory()
         return events
 
@@ -267,7 +278,7 @@ class Scheduler:
     def process(self, batch: Batch, tokens: torch.Tensor) -> list[TokenEvent]:
         events = []
         for req, keep, epoch, tok in zip(batch.reqs, batch.sample_mask, batch.epochs, tokens.tolist()):
-            if not keep or req.finish_reason is not None or req.epoch != epoch:
+            if not keep or req.finish_reason is not None or req in self._finished or req.epoch != epoch:
                 continue
             reason = req.append_token(tok, self.eos_ids)
             events.append(TokenEvent(req.uid, tok, reason))
@@ -309,8 +320,21 @@ class Scheduler:
     def _finish(self, req: Req, reason: str) -> None:
         self.decode.remove(req)
         self.reqs.pop(req.uid, None)
-        if req.is_admitted:
-            self.cache.release_request(req)
+        if not req.is_admitted:
+            req.finish(reason)  # type: ignore[arg-type]
+        elif req not in self._finished:  # a launched batch may still read its memory: the loop frees it
+            self._finished[req] = reason
+            self._untaken.append(req)
+
+    def take_finished(self) -> list[Req]:
+        taken, self._untaken = self._untaken, []
+        return taken
+
+    def free(self, req: Req) -> None:
+        reason = self._finished.pop(req, None)
+        if reason is None:
+            raise RuntimeError(f"free(request {req.uid}): not finished, or freed already")
+        self.cache.release_request(req)
         req.finish(reason)  # type: ignore[arg-type]
 
     # ---- invariants ----------------------------------------------------------------------
@@ -318,5 +342,5 @@ class Scheduler:
         """Every slot is free, in the cache, or owned by exactly one admitted request, and no
         request holds more than it reserved."""
         admitted = [r for r in self.reqs.values() if r.is_admitted]
-        self.cache.check(admitted)
-        assert len(admitted) <= self.config.max_running_requests
+        self.cache.check(admitted + list(self._finished))
+        assert len(admitted) + len(self._finished) <= self.config.max_running_requests

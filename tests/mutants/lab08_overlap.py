@@ -1,8 +1,9 @@
-"""Broken variants of solutions/lab08_overlap.py: one per pitfall its docstring names, one of each kind of
-``mutants.KINDS`` that can occur here, a correct one written another way (``EQUIVALENT``: a queue of pending
-batches), and two that the hidden tests catch (``HIDDEN_MUTANTS``: waiting on the wrong batch's copy,
-processing the device tensor; harmless in the engine on a CPU, they once lost only hidden points: the
-recording stand-in of the visible tests now tells them apart too, ``visible_on_cpu`` below)."""
+"""Broken variants of solutions/lab08_overlap.py: one per pitfall its docstring names (the early free:
+``frees_the_rider``), one of each kind of ``mutants.KINDS`` that can occur here, a correct one written another
+way (``EQUIVALENT``: a queue of pending batches), and two that the hidden tests catch (``HIDDEN_MUTANTS``:
+waiting on the wrong batch's copy, processing the device tensor; harmless in the engine on a CPU, they once
+lost only hidden points: the recording stand-in of the visible tests now tells them apart too,
+``visible_on_cpu`` below)."""
 
 from mutants import Mutant
 
@@ -19,6 +20,9 @@ RANDOMIZED = {
         "drains_the_last_batch",
         "in_flight",
         "processes_each_batch_once_in_launch_order",
+        "frees_a_request_only_after_its_last_batch",
+        "frees_each_request_as_soon_as_no_batch_reads_it",
+        "frees_at_the_drain_and_after_an_abort",
     )
 }
 
@@ -35,6 +39,7 @@ _BODY = (
     "            previous, previous_tokens, previous_ready = self.pending\n"
     "            s.wait(previous_ready)\n"
     "            events = s.process(previous, previous_tokens)\n"
+    "        self.free_finished(batch)\n"
     "        self.pending = launched\n"
     "        return events\n"
 )
@@ -51,8 +56,6 @@ NOT_APPLICABLE = {
     "returned a batch and whether one is pending (None or not), with no threshold a case could land on",
     "one_argument": "the loop validates none of its inputs: the phases' results are passed on, never checked, so "
     "there is no input check that could look at one argument only",
-    "each_part": "step() handles one batch at a time and no rule is over several sizes or parts (the pending "
-    "batch's ready and host copy are each checked by the visible_on_cpu mutants)",
 }
 
 _WAIT = "            s.wait(previous_ready)\n"
@@ -76,6 +79,7 @@ MUTANTS = [
                 "        if batch is not None:\n"
                 "            host_tokens, ready = s.to_host(device_tokens)\n"
                 "            launched = (batch, host_tokens, ready)\n"
+                "        self.free_finished(batch)\n"
                 "        self.pending = launched\n"
                 "        return events\n",
             ),
@@ -90,7 +94,7 @@ MUTANTS = [
         "derives_from_the_engine",
         STEM,
         (
-            (_IMPORT, "from minisgl.scheduler.loop import OverlapLoop as _EngineLoop\n" + _IMPORT),
+            (_IMPORT, "from minisgl.scheduler.loops import OverlapLoop as _EngineLoop\n" + _IMPORT),
             (_CLASS, "class OverlapLoop(_EngineLoop):\n    pass\n\n\nclass _Unused(SchedulerLoop):\n"),
         ),
         must_fail=("first_step_launches_and_keeps_it_pending", "random_schedules"),
@@ -102,7 +106,7 @@ MUTANTS = [
         "delegates_to_the_plain_loop",
         STEM,
         (
-            (_IMPORT, "from minisgl.scheduler.loop import Phases, PlainLoop, SchedulerLoop\n"),
+            (_IMPORT, _IMPORT + "from minisgl.scheduler.loops import PlainLoop\n"),
             ("        s = self.sched\n        batch = s.schedule()\n", "        return PlainLoop.step(self)\n"),
         ),
         must_fail=("first_step_launches_and_keeps_it_pending", "random_schedules"),
@@ -162,6 +166,7 @@ MUTANTS = [
                 "            device_tokens = s.launch(batch, s.prepare(batch))\n"
                 "            host_tokens, ready = s.to_host(device_tokens)\n"
                 "            launched = (batch, host_tokens, ready)\n"
+                "        self.free_finished(batch)\n"
                 "        self.pending = launched\n"
                 "        return events\n",
             ),
@@ -189,6 +194,7 @@ MUTANTS = [
                 "        events: list[TokenEvent] = []\n" + _PROCESS_PENDING + "        if batch is not None:\n"
                 "            host_tokens, ready = s.to_host(s.launch(batch, info))\n"
                 "            launched = (batch, host_tokens, ready)\n"
+                "        self.free_finished(batch)\n"
                 "        self.pending = launched\n"
                 "        return events\n",
             ),
@@ -196,12 +202,10 @@ MUTANTS = [
         must_fail=(
             "launches_the_next_batch_before_processing",
             "random_schedules",
-            "engine_frees_no_memory_in_use",
             "engine_one_step_behind",
         ),
         hint="processed before launch",
-        why="the device idles while the host processes, and a finished request's memory is freed before the "
-        "batch prepared with it is launched",
+        why="the device idles while the host processes",
     ),
     Mutant(
         "processes_one_step_late",
@@ -263,6 +267,7 @@ MUTANTS = [
                 "            previous, previous_tokens, previous_ready = queue.pop()\n"
                 "            s.wait(previous_ready)\n"
                 "            events = s.process(previous, previous_tokens)\n"
+                "        self.free_finished(queue[-1][0] if queue else None)\n"
                 "        self.pending = queue[0] if queue else None\n"
                 "        return events\n",
             ),
@@ -332,6 +337,67 @@ MUTANTS = [
     ),
 ]
 
+_FREE_LOOP = (
+    "        for req in self.held + s.take_finished():\n"
+    "            if req in reading:\n"
+    "                keep.append(req)\n"
+    "            else:\n"
+    "                s.free(req)\n"
+)
+
+MUTANTS += [
+    Mutant(
+        "frees_the_rider",
+        STEM,
+        (("        reading = set(in_flight.reqs) if in_flight is not None else set()\n", "        reading = set()\n"),),
+        must_fail=(
+            "frees_a_request_only_after_its_last_batch",
+            "random_schedules",
+            "engine_frees_no_memory_in_use",
+        ),
+        hint="freed early",
+        why="every finished request is freed right after process, also the one that rides along in the batch "
+        "just launched, which still reads its row and KV pages",
+    ),
+    Mutant(
+        "frees_all_or_none",
+        STEM,
+        (
+            (
+                _FREE_LOOP,
+                "        finished = self.held + s.take_finished()\n"
+                "        if any(req in reading for req in finished):\n"
+                "            keep = finished\n"
+                "        else:\n"
+                "            for req in finished:\n"
+                "                s.free(req)\n",
+            ),
+        ),
+        must_fail=("frees_each_request_as_soon_as_no_batch_reads_it", "random_schedules"),
+        hint="freed a step late",
+        why="the finished requests are checked as a group: when one rides along, all are held a step longer",
+        kind="each_part",
+    ),
+    Mutant(
+        "never_frees_at_the_drain",
+        STEM,
+        (
+            (
+                "        self.free_finished(batch)\n",
+                "        if batch is not None:\n            self.free_finished(batch)\n",
+            ),
+        ),
+        must_fail=(
+            "frees_at_the_drain_and_after_an_abort",
+            "random_schedules",
+            "engine_frees_no_memory_in_use",
+        ),
+        hint="nothing new was launched then",
+        why="when nothing new is launched the held and newly finished requests are not freed: their memory never "
+        "comes back",
+    ),
+]
+
 # correct, written another way: it must keep every point
 EQUIVALENT = Mutant(
     "lab08_with_a_queue",
@@ -352,6 +418,7 @@ EQUIVALENT = Mutant(
             "            done, tokens, ready = queue.popleft()\n"
             "            s.wait(ready)\n"
             "            events = s.process(done, tokens)\n"
+            "        self.free_finished(queue[-1][0] if queue else None)\n"
             "        self.pending = queue[0] if queue else None\n"
             "        return events\n",
         ),

@@ -1,10 +1,11 @@
-"""Lab 07 (the chunking policy): each method on fixed cases, random workloads on the real scheduler (a
-model-free engine) batch by batch against the engine's ``GreedyChunking``, then the real engine running
-your policy on a tiny model. Run: ``python -m autograder lab07``.
+"""Lab 07 (chunks of equal time): ``chunk_time`` and ``fit_cost`` on fixed cases, each ``TimedChunking``
+method on fixed cases (costs and times exact in binary floating point), random workloads on the real
+scheduler (a model-free engine) batch by batch against the engine's ``TimedChunking``, then the real engine
+running your policy on a tiny model. Run: ``python -m autograder lab07``.
 
-Every engine test watches the batches through the scheduler's observer (one ``BatchEvent`` per batch:
-its kind, the requests and the positions ``[start, end)`` each computed) and counts in batches, never in
-seconds, so a busy machine cannot fail it."""
+Nothing here reads a clock: a batch's "time" is a cost model's (``chunk_time``), and every engine test
+watches the batches through the scheduler's observer (one ``BatchEvent`` per batch: its kind, the requests
+and the positions ``[start, end)`` each computed), so a busy machine cannot fail it."""
 
 from __future__ import annotations
 
@@ -23,9 +24,12 @@ from autograder.points import engine, points
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.scheduler import Scheduler
-from minisgl.scheduler.chunking import CHUNKING_POLICIES, GreedyChunking
+from minisgl.scheduler.chunking import PrefillCost
+from minisgl.scheduler.timed import TimedChunking, chunk_time
 
 INF = math.inf
+COST = PrefillCost(per_token=1.0, per_pair=0.125)  # exact in binary: every time below is exact
+FLAT = PrefillCost(per_token=1.0, per_pair=0.0)  # no attention cost: chunks of equal size
 
 
 def req(prompt_len: int, cached_len: int = 0, outputs: int = 0, uid: int = 7) -> Req:
@@ -45,60 +49,180 @@ def shown(r: Req) -> str:
     return f"a request with prompt_len={r.prompt_len}{extra}, cached_len={r.cached_len}, device_len={r.device_len}"
 
 
-def end_hint(r: Req, left: float, got) -> str:
+def fresh(cost: PrefillCost = COST, batch: tuple | None = None):
+    """A new lab policy; ``batch``: (busy, idle, num_decoding) passed to ``budget`` first (starts the clock)."""
+    policy = lab.make_policy(cost)
+    if batch is not None:
+        policy.budget(*batch)
+    return policy
+
+
+def reference(cost: PrefillCost = COST, batch: tuple | None = None) -> TimedChunking:
+    policy = TimedChunking(cost)
+    if batch is not None:
+        policy.budget(*batch)
+    return policy
+
+
+def end_hint(r: Req, left: float, got, time_left: float = INF, cost: PrefillCost = COST) -> str:
     """The usual cause of a wrong ``extend_end`` answer ``got``."""
-    want = int(min(r.device_len, r.cached_len + left))
+    want = reference(cost)
+    want.time_left = time_left
+    want = want.extend_end(r, left)
     if isinstance(got, bool) or not isinstance(got, int | float):
         return f": return a position (an int), got {type(got).__name__}"
     if got == want and not isinstance(got, int):
         return ": the right position but a float; return an int (a position indexes the token pool)"
+    if got <= r.cached_len:
+        return ": an empty extend (or a backward one): at least one token, cached_len + 1, even if it does not fit"
     if got == want - r.cached_len and r.cached_len:
         return (
             ": that is the length of the extend, not its end position (it starts at req.cached_len, so the end "
             "is cached_len + length)"
         )
-    if r.output_ids and got == min(r.prompt_len, r.cached_len + left):
+    if r.output_ids and got == min(r.prompt_len, want):
         return (
             ": you stop at prompt_len instead of device_len: a retracted request must prefill its prompt and its "
             "outputs so far (device_len) before it decodes on"
         )
     if got == r.device_len - 1 and want == r.device_len:
-        return (
-            ": one short of device_len: a request whose extend never reaches device_len never samples its first "
-            "token (the whole request fits here)"
-        )
+        return ": one short of device_len: a request whose extend never reaches device_len never samples"
     if got > r.device_len:
         return ": past device_len: positions beyond it have no tokens yet (the end is at most req.device_len)"
-    if got == r.device_len and got > r.cached_len + left:
+    if got - r.cached_len > left:
+        return f": {got - r.cached_len} tokens, but only {left:g} are left in the batch: extend_end ignores tokens_left"
+    if chunk_time(cost, r.cached_len, got) > time_left and got > r.cached_len + 1:
+        t = chunk_time(cost, r.cached_len, got)
         return (
-            f": the whole request, but only {left:g} tokens are left in the batch: extend_end ignores tokens_left "
-            "(the budget)"
+            f": [{r.cached_len}, {got}) takes {t:g} under the cost model, past the {time_left:g} left on the batch's "
+            "clock: a cut past the time left (count every (query, key) pair from cached_len, not from 0)"
         )
-    if got == want + 1:
-        return ": one token past the budget (cached_len + tokens_left is the last end allowed)"
-    if got == want - 1:
-        return ": one token short of what the budget allows"
+    if got == want - 1 and chunk_time(cost, r.cached_len, want) == time_left:
+        return (
+            f": [{r.cached_len}, {want}) takes exactly the {time_left:g} left, which is allowed (<=, not <): "
+            "one token short of the time left"
+        )
+    if got < want:
+        return ": shorter than what fits (the largest end within tokens_left, time_left and device_len)"
     return ""
 
 
-def expect_ends(cases, why: str) -> None:
-    """``cases``: (request, tokens_left); each answer must be the reference's, from a fresh policy."""
-    for r, left in cases:
-        got = lab.make_policy().extend_end(r, left)
-        want = GreedyChunking().extend_end(r, left)
+def expect_ends(cases, why: str, cost: PrefillCost = COST) -> None:
+    """``cases``: (request, tokens_left, batch or None); each answer must be the reference's, from a fresh
+    policy (after ``budget(*batch)`` when a batch is given)."""
+    for r, left, batch in cases:
+        got = fresh(cost, batch).extend_end(r, left)
+        ref = reference(cost, batch)
+        time_left = ref.time_left
+        want = ref.extend_end(r, left)
         ok = type(got) is int and got == want
+        clock = f" after budget{batch} (time_left {time_left:g})" if batch else " on a fresh policy (time_left inf)"
         assert ok, (
-            f"extend_end({shown(r)}, tokens_left={left!r}) returned {got!r}, expected {want} ({why})"
-            f"{end_hint(r, left, got)}"
+            f"extend_end({shown(r)}, tokens_left={left!r}){clock}, cost {cost}, returned {got!r}, expected {want} "
+            f"({why}){end_hint(r, left, got, time_left, cost)}"
+        )
+
+
+# ---- chunk_time and fit_cost ----------------------------------------------------------------------
+@points(5)
+def test_chunk_time_fixed_cases():
+    """Per new token per_token, per (query, key) pair per_pair; the token at p attends to the p + 1 keys [0, p],
+    so a chunk after a cached prefix pays for the prefix's keys; inf stays inf (never nan); an empty chunk is 0."""
+    cases = [
+        (COST, 0, 8, 12.5),  # 8 tokens, 36 pairs
+        (COST, 0, 1, 1.125),  # one token attends to itself
+        (COST, 8, 13, 11.875),  # after 8 cached: 5 tokens, 55 pairs
+        (COST, 30, 31, 4.875),  # one token after 30 cached: 31 keys
+        (PrefillCost(0.5, 0.25), 4, 6, 1.0 + 0.25 * 11),
+        (COST, 5, 5, 0.0),
+        (FLAT, 0, INF, INF),  # 0 * inf is nan: the time of an unlimited chunk is inf
+        (COST, 3, INF, INF),
+    ]
+    for cost, start, end, want in cases:
+        got = lab.chunk_time(cost, start, end)
+        if got == want:
+            continue
+        n = end - start
+        hint = "per_token * tokens + per_pair * pairs, the token at p attending to p + 1 keys"
+        if isinstance(got, float) and math.isnan(got):
+            hint = "nan: 0 * inf; an unlimited chunk takes inf whatever the cost"
+        elif start and got == cost.per_token * n + cost.per_pair * n * (n + 1) / 2:
+            hint = (
+                "pairs counted from 0 instead of from start: the chunk's queries attend to the cached prefix's keys "
+                "too (a chunk after a cached prefix is costlier than the first)"
+            )
+        elif got == cost.per_token * n + cost.per_pair * n * (start + end - 1) / 2:
+            hint = "p keys instead of p + 1: the token at position p attends to itself too"
+        raise AssertionError(f"chunk_time({cost}, {start}, {end}) returned {got!r}, expected {want}: {hint}")
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def expect_fit(samples, want: PrefillCost, why: str) -> None:
+    try:
+        got = lab.fit_cost(samples)
+    except ZeroDivisionError:
+        raise AssertionError(
+            f"fit_cost({samples}) divided by zero ({why}): when the samples cannot tell the two coefficients apart "
+            "(the determinant of the normal equations is 0), fit per_token alone"
+        ) from None
+    ok = isinstance(got, PrefillCost) and close(got.per_token, want.per_token) and close(got.per_pair, want.per_pair)
+    hint = ""
+    if isinstance(got, PrefillCost) and (got.per_token < 0 or got.per_pair < 0):
+        hint = ": a negative coefficient (fit the other one alone instead: a cost is never negative)"
+    assert ok, f"fit_cost({samples}) returned {got!r}, expected {want} ({why}){hint}"
+
+
+@points(3)
+def test_fit_cost_exact_samples():
+    """Samples made by a cost model give that model back (least squares, no intercept)."""
+    for cost in (COST, PrefillCost(2.0, 0.0625), PrefillCost(0.5, 0.0)):
+        spans = [(0, 8), (0, 32), (16, 20), (100, 164), (7, 8)]
+        expect_fit([(s, e, chunk_time(cost, s, e)) for s, e in spans], cost, "samples made by that cost model")
+
+
+@points(3)
+def test_fit_cost_never_negative_never_crashes():
+    """A fit that would give a negative coefficient fits the other alone; samples that cannot tell the two apart
+    (one sample, or every sample with the same pairs per token) fit per_token alone, without dividing by 0."""
+    expect_fit([(0, 10, 20.0)], PrefillCost(2.0, 0.0), "one sample: per_token alone")
+    expect_fit([(0, 10, 20.0), (0, 10, 30.0)], PrefillCost(2.5, 0.0), "the same span twice: per_token alone")
+    expect_fit([(2, 6, 8.0), (1, 7, 12.0)], PrefillCost(2.0, 0.0), "the same pairs per token (s + e alike)")
+    # longer-context chunks measured cheaper per token: the 2-feature fit gives per_pair < 0
+    samples = [(0, 4, 8.0), (100, 104, 6.0)]
+    nn, pt = 32.0, 4 * 8.0 + 4 * 6.0
+    expect_fit(samples, PrefillCost(pt / nn, 0.0), "the fit's per_pair < 0: per_token alone")
+    # time that grows faster than the pairs alone explain: the fit's per_token < 0, so per_pair alone
+    samples = [(0, 1, 0.0), (0, 2, 3.0), (0, 3, 6.5)]
+    rows = [(e - s, (e - s) * (s + e + 1) / 2, t) for s, e, t in samples]
+    b = sum(p * t for _, p, t in rows) / sum(p * p for _, p, _ in rows)
+    expect_fit(samples, PrefillCost(0.0, b), "the fit's per_token < 0: per_pair alone")
+
+
+@points(2)
+def test_fit_cost_rejects_bad_samples():
+    """ValueError for no samples, and for a sample whose end <= start (each checked alone: end == start too)."""
+    for samples in ([], [(0, 8, 1.0), (5, 5, 1.0)], [(9, 3, 1.0)]):
+        try:
+            got = lab.fit_cost(samples)
+        except ValueError:
+            continue
+        except ZeroDivisionError:
+            raise AssertionError(f"fit_cost({samples}) divided by zero: raise ValueError for it instead") from None
+        raise AssertionError(
+            f"fit_cost({samples}) returned {got!r}: raise ValueError for no samples or a sample with end <= start "
+            "(an empty or backward extend measures nothing)"
         )
 
 
 # ---- budget ---------------------------------------------------------------------------------------------
-@points(7)
+@points(4)
 def test_budget_busy_while_decoding_idle_when_not():
-    """The busy budget while any request decodes (exactly one, too), the idle one while none does, whichever
-    of the two is larger (a configuration may give an idle budget below the busy one)."""
-    policy = lab.make_policy()
+    """The busy token budget while any request decodes (exactly one, too), the idle one while none does,
+    whichever of the two is larger (a configuration may give an idle budget below the busy one)."""
+    policy = lab.make_policy(COST)
     for busy, idle, n in [
         (16, 64, 3),
         (16, 64, 0),
@@ -116,25 +240,16 @@ def test_budget_busy_while_decoding_idle_when_not():
         if got == want:
             continue
         if got == min(busy, idle) and idle < busy:
-            hint = (
-                "that is the smaller of the two budgets, not the one num_decoding chooses: never assume "
-                "idle >= busy (min/max of the two instead of choosing by num_decoding)"
-            )
+            hint = "the smaller of the two budgets, not the one num_decoding chooses: never assume idle >= busy"
         elif got == max(busy, idle) and idle < busy:
-            hint = (
-                "that is the larger of the two budgets, not the one num_decoding chooses: never assume "
-                "idle >= busy (min/max of the two instead of choosing by num_decoding)"
-            )
+            hint = "the larger of the two budgets, not the one num_decoding chooses: never assume idle >= busy"
         elif n == 1 and got == idle:
             hint = (
                 "with exactly 1 request decoding you chose the idle budget: that one request waits for this batch "
                 "too, so busy whenever num_decoding > 0, not > 1 (idle here stalls every stream)"
             )
         elif n and got == idle:
-            hint = (
-                f"with {n} request(s) decoding you chose the idle budget: idle here stalls every stream (a long "
-                "prompt runs in one batch and each decoding request waits for all of it)"
-            )
+            hint = f"with {n} request(s) decoding you chose the idle budget: idle here stalls every stream"
         elif not n and got == busy:
             hint = (
                 "nothing decodes, so nobody waits for this batch: the busy budget here cuts prompts into needless "
@@ -147,46 +262,173 @@ def test_budget_busy_while_decoding_idle_when_not():
         )
 
 
-# ---- extend_end ---------------------------------------------------------------------------------------
 @points(5)
+def test_budget_starts_the_clock():
+    """budget sets self.time_left: the time of a busy-token chunk from position 0 while requests decode, inf
+    while none does; inf for busy = inf even when per_pair = 0; each call starts afresh."""
+    for cost, batch, want in [
+        (COST, (8, 64, 2), 12.5),
+        (COST, (8, 64, 1), 12.5),
+        (COST, (8, 64, 0), INF),
+        (COST, (1, 1, 3), 1.125),
+        (PrefillCost(0.5, 0.25), (4, 4, 1), 2.0 + 0.25 * 10),
+        (FLAT, (INF, 64, 2), INF),
+    ]:
+        policy = lab.make_policy(cost)
+        policy.budget(*batch)
+        policy.time_left = 0.0  # as if the batch had spent its time: the next budget() starts afresh
+        policy.budget(*batch)
+        got = policy.time_left
+        if got == want:
+            continue
+        busy, idle, n = batch
+        if isinstance(got, float) and math.isnan(got):
+            hint = "nan: per_pair * inf with per_pair = 0; an unlimited busy budget is an unlimited clock"
+        elif n and got == INF:
+            hint = "no clock while requests decode: each waits for this batch, so its time is the gap to bound"
+        elif not n and got != INF:
+            hint = "a clock while nothing decodes: nobody waits, so no time limit (needless chunks otherwise)"
+        elif got < want:
+            hint = "less than a whole batch's time: budget must start the clock afresh, not keep what was left"
+        else:
+            hint = "chunk_time(cost, 0, busy): the time of a busy-token chunk from position 0"
+        raise AssertionError(f"after budget{batch} with cost {cost}, time_left is {got!r}, expected {want}: {hint}")
+
+
+# ---- extend_end ---------------------------------------------------------------------------------------
+@points(3)
 def test_extend_end_whole_prompt_when_it_fits():
-    """With enough tokens left, the extend runs to device_len: the request then samples its first token."""
-    cases = [(req(10), 64), (req(10), INF), (req(1), 1), (req(30), 30), (req(12, cached_len=3), 9)]
-    expect_ends(cases, "the rest of the request fits in the tokens left: the extend ends at device_len")
+    """With enough tokens (and time) left, the extend runs to device_len: the request then samples."""
+    cases = [(req(10), 64, None), (req(10), INF, None), (req(1), 1, None), (req(30), 30, None)]
+    cases += [(req(12, cached_len=3), 9, None), (req(6), 6, (8, 8, 2)), (req(40), INF, (8, INF, 0))]
+    expect_ends(cases, "the rest of the request fits: the extend ends at device_len")
 
 
-@points(7)
+@points(3)
 def test_extend_end_cuts_at_the_budget():
-    """A request that does not fit is cut exactly where the batch's tokens run out."""
-    cases = [(req(100), 16), (req(100), 1), (req(17), 16), (req(40), 39), (req(9, cached_len=2), 5)]
-    expect_ends(cases, "the request does not fit: it is cut at cached_len + tokens_left, the rest runs later")
+    """A request that does not fit in the tokens left is cut exactly where they run out."""
+    cases = [(req(100), 16, None), (req(100), 1, None), (req(17), 16, None), (req(40), 39, None)]
+    cases += [(req(9, cached_len=2), 5, None), (req(40), 4, (8, 8, 2))]
+    expect_ends(cases, "the request does not fit: cut at cached_len + tokens_left, the rest runs later")
 
 
-@points(7)
+@points(3)
 def test_extend_end_from_a_cached_prefix():
     """The extend starts at cached_len (a prefix-cache hit, or the chunks before): its end counts from there."""
     cases = [
-        (req(40, cached_len=16), 16),  # the second chunk of a 40-token prompt
-        (req(40, cached_len=32), 16),  # the last chunk
-        (req(40, cached_len=39), 1),  # a full-prompt hit: only the last token is computed
-        (req(50, cached_len=20), INF),
-        (req(64, cached_len=8), 24),
+        (req(40, cached_len=16), 16, None),
+        (req(40, cached_len=32), 16, None),
+        (req(40, cached_len=39), 1, None),  # a full-prompt hit: only the last token is computed
+        (req(50, cached_len=20), INF, None),
+        (req(64, cached_len=8), 24, None),
     ]
     expect_ends(cases, "the extend is [cached_len, end)")
 
 
-@points(5)
+@points(2)
 def test_extend_end_returns_an_int():
     """The end is a position, an int, even when tokens_left is a float (inf, or a budget given as 7.0)."""
-    cases = [(req(20, cached_len=3), 7.0), (req(30), 12.5), (req(5), 9.0), (req(6), INF)]
-    expect_ends(cases, "an int position")
+    cases = [(req(20, cached_len=3), 7.0, None), (req(30), 12.5, None), (req(5), 9.0, None), (req(6), INF, None)]
+    expect_ends(cases + [(req(30), 16.0, (16.0, 16.0, 1))], "an int position")
 
 
-@points(4)
+@points(3)
+def test_extend_end_retracted_request():
+    """A retracted request prefills its prompt and its outputs so far: up to device_len, not prompt_len."""
+    cases = [
+        (req(6, outputs=5), 64, None),
+        (req(6, cached_len=6, outputs=10), 4, None),
+        (req(6, outputs=10), 8, None),
+        (req(6, cached_len=13, outputs=10), INF, None),
+    ]
+    expect_ends(cases, "a retracted request: device_len = prompt_len + its outputs")
+
+
+@points(6)
+def test_extend_end_cuts_at_the_time_left():
+    """While requests decode the extend is the longest whose chunk_time fits the clock (exactly on it allowed):
+    cost 1 per token and 1/8 per pair, busy 8, so 12.5 per batch. From 0: 8 tokens (12.5, exactly); after 8
+    cached: 5 (11.875; 6 would take 14.625); after 16: 4; the token budget still caps it."""
+    d = (8, 64, 2)
+    cases = [
+        (req(40), 64, d),  # [0, 8): 12.5, exactly the clock
+        (req(40, cached_len=8), 64, d),  # [8, 13)
+        (req(40, cached_len=16), 64, d),  # [16, 19): 9.75 (20 would take 13.25)
+        (req(12, cached_len=8), 64, d),  # the rest [8, 12) fits: 4 + 42/8 = 9.25
+        (req(40, cached_len=8), 3, d),  # tokens_left caps it first
+        (req(40), 64, (16, 64, 1)),  # 16 + 136/8 = 33: from 0, the busy budget exactly
+        (req(100, cached_len=40), 64, (16, 64, 1)),
+    ]
+    expect_ends(cases, "the longest extend whose time fits the clock")
+
+
+@points(3)
+def test_extend_end_at_least_one_token():
+    """When not even one token fits in the time left (a target below one token's cost: busy 1, a request
+    30 tokens in), the extend is that one token: progress, never an empty extend."""
+    cases = [
+        (req(40, cached_len=30), 64, (1, 64, 2)),  # one token costs 4.875, the clock holds 1.125
+        (req(40, cached_len=1), 64, (1, 64, 2)),  # 1.25 > 1.125
+        (req(2), 64, (1, 64, 1)),  # [0, 1): 1.125, exactly
+    ]
+    expect_ends(cases, "at least cached_len + 1")
+
+
+@points(5)
+def test_extend_end_charges_the_clock():
+    """Requests of one batch share its clock: each extend's time is charged to time_left. Busy 16 (33 per batch
+    under the cost): a 4-token request whole (5.25), then a long prompt gets what is left (27.75); the next
+    batch, after budget(), gets the whole 33 again; a batch that spent all its time gives the next request one
+    token."""
+    steps = [
+        ("budget", (16, 64, 2)),
+        (req(4, uid=1), 64),
+        (req(60, uid=2), 60),
+        ("budget", (16, 64, 2)),
+        (req(60, cached_len=12, uid=2), 64),
+        ("budget", (8, 64, 1)),
+        (req(8, uid=3), 64),  # exactly the clock: 12.5
+        (req(30, uid=4), 56),  # nothing left: one token
+    ]
+    mine, ref = lab.make_policy(COST), TimedChunking(COST)
+    history = []
+    for step in steps:
+        if step[0] == "budget":
+            mine.budget(*step[1])
+            ref.budget(*step[1])
+            history.append(f"budget{step[1]}")
+            continue
+        r, left = step
+        before = ref.time_left
+        got, want = mine.extend_end(r, left), ref.extend_end(r, left)
+        history.append(f"extend_end(#{r.uid} cached_len={r.cached_len}, {left}) -> {got!r} (time left {before:g})")
+        if type(got) is int and got == want:
+            continue
+        probe = fresh(COST)
+        probe.time_left = before
+        if probe.extend_end(r, left) != want:
+            hint = end_hint(r, left, got, before)
+        elif got > want:
+            hint = (
+                f": a policy whose clock shows {before:g} answers {want}, so yours had more time left: charge each "
+                "extend's chunk_time to self.time_left (requests of one batch share its time)"
+            )
+        else:
+            hint = (
+                f": a policy whose clock shows {before:g} answers {want}, so yours had less time left: budget() "
+                "must start the clock afresh for every batch (not keep what the last batch left)"
+            )
+        raise AssertionError(
+            f"extend_end({shown(r)}, tokens_left={left}) returned {got!r}, expected {want}; the calls on one "
+            "policy:\n  " + "\n  ".join(history) + f"\n{hint.lstrip(': ')}"
+        )
+
+
+@points(3)
 def test_extend_end_keeps_no_state():
     """One policy follows a request the way the scheduler does: two chunks, a retraction, a readmission with a
-    4-token prefix hit, the rest in chunks. Every answer comes from req.cached_len and tokens_left alone."""
-    policy = lab.make_policy()
+    4-token prefix hit, the rest in chunks. Every answer comes from req.cached_len, tokens_left and the clock."""
+    policy = lab.make_policy(FLAT)
     r, other = req(20), req(10, uid=8)
     steps: list[tuple[Req, float, str]] = [
         (r, 8, "the first chunk"),
@@ -202,42 +444,24 @@ def test_extend_end_keeps_no_state():
         if k == 3:  # out of memory: the scheduler retracts r (its KV freed), then admits it again
             r.retract()
             r.admit(0, 4, None)
+        policy.budget(8, 8, 1)
         got = policy.extend_end(q, left)
-        want = GreedyChunking().extend_end(q, left)
-        history.append(f"extend_end(#{q.uid} cached_len={q.cached_len}, {left}) -> {got!r} ({what})")
+        want = reference(FLAT, (8, 8, 1)).extend_end(q, left)
+        history.append(f"budget(8, 8, 1); extend_end(#{q.uid} cached_len={q.cached_len}, {left}) -> {got!r} ({what})")
         if not (type(got) is int and got == want):
-            fresh = lab.make_policy().extend_end(q, left)
-            cause = (
-                "a fresh policy answers this call right, so this one kept progress of its own (where it cut a "
-                "request, or what it handed out): the scheduler owns every counter, and a retracted request starts "
-                "over from req.cached_len. Answer from the arguments and the request's lengths only"
-                if type(fresh) is int and fresh == want
-                else "a fresh policy answers it wrong too" + end_hint(q, left, fresh)
-            )
             raise AssertionError(
                 f"extend_end({shown(q)}, tokens_left={left!r}) returned {got!r}, expected {want} ({what}); the calls "
-                "so far on one policy:\n  " + "\n  ".join(history) + f"\n{cause}"
+                "so far on one policy:\n  " + "\n  ".join(history) + "\nit kept progress of its own (where it cut a "
+                "request): the scheduler owns every counter, and a retracted request starts over from req.cached_len"
             )
         q.extend_to(got)
 
 
-@points(4)
-def test_extend_end_retracted_request():
-    """A retracted request prefills its prompt and its outputs so far: up to device_len, not prompt_len."""
-    cases = [
-        (req(6, outputs=5), 64),
-        (req(6, cached_len=6, outputs=10), 4),
-        (req(6, outputs=10), 8),
-        (req(6, cached_len=13, outputs=10), INF),
-    ]
-    expect_ends(cases, "a retracted request: device_len = prompt_len + its outputs")
-
-
 # ---- decode_first -------------------------------------------------------------------------------------
-@points(7)
+@points(3)
 def test_decode_first_only_between_chunks():
     """A decode step right after a cut prompt when something can decode; else prefill first."""
-    policy = lab.make_policy()
+    policy = lab.make_policy(COST)
     cases = [(after_chunk, n) for after_chunk in (True, False) for n in (0, 1, 3)]  # n exactly 0 and 1 included
     answers = {case: policy.decode_first(*case) for case in cases}
     if all(bool(got) == (not a and n > 0) for (a, n), got in answers.items()):
@@ -252,10 +476,7 @@ def test_decode_first_only_between_chunks():
         if bool(got) == want:
             continue
         if want:
-            hint = (
-                "no decode step between two chunks: the running streams stall for the whole prompt, one chunk "
-                "after another"
-            )
+            hint = "no decode step between two chunks: the running streams stall for the whole prompt"
         elif not after_chunk:
             hint = (
                 "no prompt was cut: prefill first, or waiting requests starve while others decode (a decode "
@@ -276,20 +497,22 @@ class Workload:
     idle: int | None
     page_size: int = 1
     max_running: int = 8
+    cost: PrefillCost = COST
 
     def describe(self) -> str:
         shown = ", ".join(
             f"#{i}: at step {a}, {len(p)}-token prompt, {m} tokens" for i, (a, p, m) in enumerate(self.reqs)
         )
         return (
-            f"budgets busy={self.busy} idle={self.idle} (None: no limit), pages of {self.page_size}, "
+            f"cost {self.cost}, budgets busy={self.busy} idle={self.idle} (None: no limit), pages of {self.page_size}, "
             f"max {self.max_running} running; requests: {shown}"
         )
 
 
 def random_workload(seed: int) -> Workload:
     """Prompts of 1 to 60 tokens (some sharing a prefix: cache hits start mid-prompt), arriving over 30
-    steps; a busy budget of 1 to 16 tokens and an idle budget the same, larger, unlimited or smaller."""
+    steps; a busy budget of 1 to 16 tokens and an idle budget the same, larger, unlimited or smaller; a cost
+    model with no, a little or much attention cost (exact in binary)."""
     rng = random.Random(seed)
     system = [rng.randrange(1, 900) for _ in range(rng.randint(4, 20))]
     reqs = []
@@ -299,7 +522,8 @@ def random_workload(seed: int) -> Workload:
         reqs.append((rng.randint(0, 30), head + body, rng.randint(1, 12)))
     busy = rng.choice([1, 3, 8, 16])
     idle = rng.choice([busy, 4 * busy, None, max(1, busy // 4)])  # an idle budget below busy, too
-    return Workload(reqs, busy, idle, rng.choice([1, 1, 4]), rng.randint(2, 8))
+    cost = PrefillCost(rng.choice([1.0, 0.5, 2.0]), rng.choice([0.0, 1 / 64, 1 / 8, 1.0]))
+    return Workload(reqs, busy, idle, rng.choice([1, 1, 4]), rng.randint(2, 8), cost)
 
 
 @dataclass
@@ -313,7 +537,7 @@ def play_sim(cls: type, w: Workload) -> SimRun:
     """``w`` on the real scheduler (model-free engine, reserve-all admission: never retracts)."""
     longest = max(len(p) + m for _, p, m in w.reqs)
     num_pages = -(-2 * longest // w.page_size) + 8
-    with CHUNKING_POLICIES.registered("_lab07_sim", cls):
+    with lab.registered_policy(cls, w.cost, "_lab07_sim"):
         config = EngineConfig(
             device="cpu",
             dtype="float32",
@@ -360,7 +584,7 @@ def check_workload(w: Workload) -> None:
             f"the scheduler failed with your policy: {type(e).__name__}: {e} (an extend must end in "
             f"(cached_len, device_len]){where}"
         ) from None
-    want = play_sim(GreedyChunking, w)
+    want = play_sim(TimedChunking, w)
     for k, (g, r) in enumerate(zip(got.batches, want.batches)):
         if g == r:
             continue
@@ -375,9 +599,11 @@ def check_workload(w: Workload) -> None:
         elif g[0] != r[0]:
             hint = ": the same batch a step later (a step with no batch: a decode step when nothing can decode?)"
         elif g[1] == "prefill" and sum(g[4]) - sum(g[3]) > sum(r[4]) - sum(r[3]):
-            hint = ": more prompt tokens than the budget allows"
+            hint = ": more prompt tokens than the budget and the clock allow"
+        elif g[1] == "prefill":
+            hint = ": fewer prompt tokens than the budget and the clock allow"
         raise AssertionError(
-            f"batch {k} differs from the reference (GreedyChunking):\n  yours:     {batch_text(g)}\n"
+            f"batch {k} differs from the reference (the engine's TimedChunking):\n  yours:     {batch_text(g)}\n"
             f"  reference: {batch_text(r)}{hint}{where}"
         )
     assert len(got.batches) == len(want.batches), (
@@ -393,11 +619,11 @@ def check_workload(w: Workload) -> None:
     assert diff is None, f"the requests' tokens differ from the reference run: {diff}{where}"
 
 
-@points(8, timeout=120)
+@points(6, timeout=120)
 def test_random_workloads():
-    """Random workloads (prompt lengths, shared prefixes, arrivals, budgets, pages, rows) on the real scheduler
-    with debug_checks: every batch (kind, requests, positions) equals GreedyChunking's."""
-    lab.make_policy().extend_end(req(3), 4)  # a stub fails here
+    """Random workloads (prompt lengths, shared prefixes, arrivals, budgets, cost models, pages, rows) on the
+    real scheduler with debug_checks: every batch (kind, requests, positions) equals TimedChunking's."""
+    fresh(COST, (4, 4, 1)).extend_end(req(3), 4)  # a stub fails here
     check_workload(random_workload(0))
     _random_workloads()
 
@@ -426,17 +652,19 @@ def play_engine(
     max_tokens: list[int],
     arrivals: list[int] | None = None,
     abort: int | None = None,
+    cost: PrefillCost | None = None,
     **engine_args,
 ) -> EngineRun:
     """The real engine on ``model`` (float32, torch attention, ``debug_checks``) with chunking policy
-    ``cls`` (None: the engine's own), requests added at their arrival step; ``abort``: a uid aborted
-    right after its first chunk. Afterwards, checks that every row and page came back."""
+    ``cls(cost)`` (None: the engine's ``TimedChunking``; cost: ``ENGINE_COST``), requests added at their
+    arrival step; ``abort``: a uid aborted right after its first chunk. Afterwards, checks that every row and
+    page came back."""
     from minisgl import LLM
 
     arrivals = arrivals or [0] * len(prompts)
     args = dict(device="cpu", dtype="float32", attention_backend="torch", debug_checks=True, **engine_args)
     name = "lab07-graded"
-    with CHUNKING_POLICIES.registered(name, cls or GreedyChunking):
+    with lab.registered_policy(cls or TimedChunking, cost or ENGINE_COST, name):
         llm = LLM(str(model), **args, components={"chunking": name})
     try:
         sched = llm.scheduler
@@ -478,9 +706,11 @@ def leftover_memory(sched) -> str | None:
 
 
 def your_class() -> type:
-    """The lab's class, once its extend_end answers (a stub fails here at once, with its hint)."""
+    """The lab's class, once its budget and extend_end answer (a stub fails here at once, with its hint)."""
     cls = lab.policy_class()
-    cls().extend_end(req(3), 4)
+    policy = cls(ENGINE_COST)
+    policy.budget(4, 4, 1)
+    policy.extend_end(req(3), 4)
     return cls
 
 
@@ -522,6 +752,15 @@ def expect_same_batches(got: EngineRun, want: EngineRun, what: str) -> None:
     assert len(g) == len(w), f"{what}: {len(g)} batches, the reference ran {len(w)}"
 
 
+ENGINE_COST = PrefillCost(per_token=1.0, per_pair=1 / 16)  # a key costs 1/16 of a token: chunks shrink fast
+
+
+def batch_time(e, cost: PrefillCost = ENGINE_COST) -> float:
+    """A prefill batch's time under ``cost``: its extends' chunk_time (riders excluded: they decode)."""
+    n = len(e.uids) - e.riders
+    return sum(chunk_time(cost, s, t) for s, t in zip(e.starts[:n], e.ends[:n]))
+
+
 LONG_WORKLOAD = dict(  # two long prompts arrive while short requests decode; more join mid-run
     lengths=[6, 9, 5, 70, 12, 45, 3, 20],
     max_tokens=[30, 26, 28, 4, 10, 6, 12, 8],
@@ -529,7 +768,7 @@ LONG_WORKLOAD = dict(  # two long prompts arrive while short requests decode; mo
 )
 
 
-@points(8, timeout=120)
+@points(7, timeout=120)
 @engine
 def test_engine_tokens_match_unchunked(tiny_llama):
     """The engine with components={"chunking": "lab07"} generates, token for token, what the unchunked engine
@@ -544,11 +783,12 @@ def test_engine_tokens_match_unchunked(tiny_llama):
         assert diff is None, f"with your policy ({args}) the tokens differ from the unchunked engine's: {diff}"
 
 
-@points(8, timeout=120)
+@points(7, timeout=120)
 @engine
-def test_engine_respects_the_budget(tiny_llama):
-    """Every prefill batch computes at most the busy budget (16) while requests decode and the idle budget
-    (40) while none does, and the batches are GreedyChunking's."""
+def test_engine_keeps_the_gap(tiny_llama):
+    """Every prefill batch planned while requests decode takes at most the gap (a 16-token chunk from 0 under
+    ENGINE_COST: 24.5; one token more only where not even one fitted) and at most 16 tokens, at most the idle
+    budget (40) while none decodes, and the batches are TimedChunking's."""
     your_class()
     w = LONG_WORKLOAD
     prompts = prompts_of(tiny_llama, w["lengths"])
@@ -569,11 +809,22 @@ def test_engine_respects_the_budget(tiny_llama):
                 else ""
             )
         )
+        if not decoding:
+            continue
+        gap, n = chunk_time(ENGINE_COST, 0, 16), len(e.uids) - e.riders
+        t = batch_time(e)
+        one_more = e.ends[n - 1] - e.starts[n - 1] == 1  # the at-least-one-token rule may pass the gap
+        before = t - chunk_time(ENGINE_COST, e.starts[n - 1], e.ends[n - 1])
+        assert t <= gap or (one_more and before <= gap), (
+            f"prefill batch {e.index} {list(zip(e.uids, e.starts, e.ends))} (request, start, end) takes {t:g} under "
+            f"{ENGINE_COST} while requests {sorted(decoding)} decoded: past the gap of {gap:g} (a cut past the time "
+            "left: count each chunk's pairs from its start, and charge every extend to the batch's clock)"
+        )
     want = play_engine(tiny_llama, None, prompts, w["max_tokens"], w["arrivals"], **args)
     expect_same_batches(got, want, "with your policy")
 
 
-@points(8, timeout=120)
+@points(5, timeout=120)
 @engine
 def test_engine_starves_nobody(tiny_llama):
     """While a long prompt is prefilled in chunks, every running stream gets a token between two chunks; a
@@ -619,7 +870,7 @@ def test_engine_starves_nobody(tiny_llama):
         )
 
 
-@points(7, timeout=120)
+@points(5, timeout=120)
 @engine
 def test_engine_gives_memory_back(tiny_llama):
     """After the run (one long prompt aborted after its first chunk) every request-table row and KV page is
@@ -643,7 +894,7 @@ RETRACT_WORKLOAD = dict(  # 6 requests that outgrow a small KV pool: the engine 
 )
 
 
-@points(5, timeout=120)
+@points(4, timeout=120)
 @engine
 def test_engine_retracted_request_continues(tiny_llama):
     """On a KV pool too small for every answer the engine retracts requests; each prefills its prompt and its

@@ -1,83 +1,119 @@
-"""Lab 07: the chunking policy.
+"""Lab 07: chunks of equal time.
 
-You implement ``BudgetChunking``, a ``ChunkingPolicy`` (the interface, ``minisgl.scheduler.ChunkingPolicy``:
-three abstract methods; the scheduler asks ``budget`` in ``PrefillManager.schedule``, ``extend_end`` in
-``AdmissionContext.add_extend`` and ``decode_first`` in ``Scheduler.schedule``). A prefill batch computes at
-most a budget of new tokens; a prompt that does not fit in what is left of it is *cut*: its first chunk runs
-now, the rest in later batches. The KV of a chunk stays in the pool, so the next chunk starts at
-``req.cached_len`` and attends to the earlier ones as a cached prefix. Between two chunks the running
-requests decode once, so a long prompt pauses their streams for one chunk at a time, not for the whole
-prompt::
+A fixed token budget (``GreedyChunking``) cuts a long prompt into chunks of equal *size*, but the decoding
+requests wait for each chunk's *time*, and a chunk's time grows with where it starts: its queries attend to
+every key before them. Lesson 07 measures it on the embedded model: the last chunk of a long prompt costs more
+than its first, so a budget small enough for the last chunk's gap makes every earlier
+chunk too small (more chunks: a later first token). You write the engine-grade policy: fit a cost model to
+measured extends, and size each chunk by *time*, so that no batch a decoding request waits for takes longer
+than the configured gap, and each chunk is the longest that fits (the fewest chunks: the earliest first
+token under that gap)::
 
-    budget 8, a 20-token prompt arrives while requests A and B decode:
-    batch 1: prefill  [prompt 0 ...... 8 ✂]      extend_end(req, 8)  -> 8   (cached_len 0)
-    batch 2: decode   A, B                       decode_first(True, 2) -> True
-    batch 3: prefill  [prompt 8 ..... 16 ✂]      extend_end(req, 8)  -> 16  (cached_len 8)
-    batch 4: decode   A, B
-    batch 5: prefill  [prompt 16 .. 20] + ...    extend_end(req, 8)  -> 20 = device_len: done, it samples
+    cost: per_token 1, per_pair 1/8; busy budget 8 -> the gap target is chunk_time(cost, 0, 8) = 12.5
+    a 40-token prompt while requests decode:
+    batch 1: prefill [ 0 ........ 8 ✂]   time 8 + 36/8     = 12.5   (exactly the target: allowed)
+    batch 2: decode
+    batch 3: prefill [ 8 .... 13 ✂]      time 5 + 55/8     = 11.875 (14 would take 14.625)
+    batch 4: decode    ... each chunk shorter than the last, each within 12.5
 
-The scheduler owns every counter: the policy only answers three questions, each from its arguments and
-the request's own lengths (never from state it keeps itself: a retracted request starts over, and
-tensor-parallel ranks must all decide alike).
+You implement three parts (``minisgl.scheduler.chunking`` defines ``PrefillCost``, the interface
+``ChunkingPolicy``, and its docstrings say where the scheduler asks each method):
 
-Contract (the grader compares every answer with the engine's own policy, ``GreedyChunking``; derive from
-``ChunkingPolicy`` and write all three methods here: a class that derives from, calls or aliases the
-engine's policy scores 0):
+* ``chunk_time(cost, start, end)``: the time of computing positions ``[start, end)`` of one request:
+  ``cost.per_token`` per new token plus ``cost.per_pair`` per (query, key) pair, where the token at
+  position ``p`` attends to the ``p + 1`` keys ``[0, p]`` (itself included), so a chunk after a cached
+  prefix pays for the prefix's keys too. ``end`` may be ``inf`` (then the time is ``inf``, even with
+  ``per_pair == 0``); ``start == end`` costs 0.
+* ``fit_cost(samples)``: the ``PrefillCost`` that best explains measured extends ``(start, end, seconds)``:
+  least squares of ``seconds ~ per_token * tokens + per_pair * pairs`` (no intercept), both coefficients
+  ``>= 0``. Solve the 2x2 normal equations; when the samples cannot tell the two apart (their
+  determinant is 0: every sample has the same pairs per token, a single sample included), or the fit
+  gives ``per_pair < 0``, fit ``per_token`` alone (``per_pair = 0``); when it gives ``per_token < 0``, fit
+  ``per_pair`` alone. Never a negative coefficient. Raise ``ValueError`` for no samples, or a sample whose
+  ``end <= start``.
+* ``TimedChunking``, a ``ChunkingPolicy`` (write all three methods; ``__init__`` is given):
 
-* ``budget(busy, idle, num_decoding)``: the new tokens the next prefill batch may compute. ``busy``
-  (``max_prefill_length``) while any request decodes (``num_decoding > 0``: each of them waits for this
-  batch, whose time is a gap in its stream), ``idle`` (``idle_prefill_length``) while none does (nobody
-  waits: a bigger batch is pure throughput). Either may be ``inf`` (no limit); never assume
-  ``idle >= busy``.
-* ``extend_end(req, tokens_left)``: where ``req``'s extend in this batch ends; it starts at
-  ``req.cached_len`` (KV already written: a cached prefix, or the chunks before). The end is the largest
-  position that is at most ``req.device_len`` (the end of what must be prefilled: the prompt, plus the
-  outputs of a retracted request) and at most ``req.cached_len + tokens_left`` (``tokens_left > 0``,
-  may be ``inf`` or a float): all of the request when it fits, else a cut exactly at the budget. Return
-  an ``int`` (a position).
-* ``decode_first(after_chunk, num_decodable)``: whether the next batch decodes the running requests
-  instead of prefilling: True exactly when the last batch cut a prompt (``after_chunk``) and some request
-  can decode (``num_decodable > 0``). Otherwise prefill first: a waiting request starts as soon as it can.
+  * ``budget(busy, idle, num_decoding)``: the tokens the batch may compute, ``busy`` while any request
+    decodes (``num_decoding > 0``), ``idle`` while none does (never assume ``idle >= busy``; either may be
+    ``inf``). It also starts the batch's clock, ``self.time_left``: while requests decode, the time of a
+    ``busy``-token chunk from position 0 (``chunk_time(cost, 0, busy)``: the gap the configuration
+    promises); while none does, ``inf`` (nobody waits: the first token as early as possible).
+  * ``extend_end(req, tokens_left)``: the extend starts at ``req.cached_len`` (a cached prefix, or the
+    chunks before); it ends at the largest ``end <= req.device_len`` (the prompt, plus the outputs of a
+    retracted request) with ``end - cached_len <= tokens_left`` and ``chunk_time(cost, cached_len, end) <=
+    self.time_left`` (exactly on the time left is allowed). At least one token: an extend is never empty,
+    so if not even ``cached_len + 1`` fits, the end is ``cached_len + 1`` (a target smaller than one
+    token's cost still makes progress; the cut ends the batch). Charge the extend's time to
+    ``self.time_left`` (several requests share one batch's clock) and return an ``int``.
+  * ``decode_first(after_chunk, num_decodable)``: True exactly when the last batch cut a prompt and some
+    request can decode; otherwise prefill first.
+
+  The clock is the only state, and it lives for one batch (``budget`` resets it): no progress of a request
+  is kept (a retracted request starts over from its ``req.cached_len``; tensor-parallel ranks must decide
+  alike). With ``per_pair == 0`` its batches are exactly ``GreedyChunking``'s.
+
+Write it all here: a class or function that derives from, calls or aliases the engine's own chunking policies
+or cost functions scores 0.
 
 Pitfalls the grader recognises (its messages name them):
 
-* the ``idle`` budget while requests decode (a whole long prompt in one batch stalls every stream), or the
-  ``busy`` budget when nothing decodes (needless chunks: slower first tokens); ``min``/``max`` of the two
-  instead of choosing by ``num_decoding``;
-* an extend past the budget (ignoring ``tokens_left``, or one token past it), or past ``device_len``;
-* returning the chunk's length instead of its end position, or a float;
-* never reaching ``device_len`` (the request never samples its first token);
-* ``prompt_len`` instead of ``device_len`` (a retracted request must prefill its outputs too);
-* no decode step between two chunks (the running streams stall for the whole prompt), a decode step
-  before every prefill (waiting requests starve while others decode), or one when nothing can decode;
-* progress kept in the policy (where it cut each request): a retracted request starts over from its
-  ``req.cached_len``, which a policy's own record no longer matches.
+* pairs counted from 0 instead of from ``start`` (a chunk after a cached prefix is cheaper than it is), or
+  ``p`` keys instead of ``p + 1``; ``nan`` from ``0 * inf``;
+* a fit with a negative coefficient, or a crash (division by zero) when the samples cannot tell the two
+  coefficients apart;
+* the idle budget (or no clock) while requests decode; a clock while nothing decodes (needless chunks);
+* a cut past the time left, or one token short of it (``<`` where the contract says ``<=``); an empty
+  extend when no token fits; ignoring ``tokens_left`` or ``device_len`` (``prompt_len`` for a retracted
+  request);
+* a clock that is not charged (two requests each take the whole gap), or not reset by ``budget`` (every
+  batch after the first gets less time);
+* no decode step between two chunks (the running streams stall for the whole prompt).
 
-Grading: ``python -m autograder lab07`` checks each method on fixed cases, random workloads on the real
-scheduler (a model-free engine) batch by batch against ``GreedyChunking``, then the real engine with
-``components={"chunking": "lab07"}`` on a tiny model: the unchunked engine's tokens, the budget in every
-batch, no stream or request starved, memory given back, and retracted requests carried on.
+Grading: ``python -m autograder lab07`` checks each part on fixed cases (costs and times that are exact in
+binary floating point), random workloads on the real scheduler (a model-free engine) batch by batch against
+the engine's ``TimedChunking``, then the real engine with ``components={"chunking": "lab07"}`` on a tiny
+model: the unchunked engine's tokens, the time of every batch within the gap, no stream or request starved,
+memory given back, retracted requests carried on. Nothing reads a clock: every time is a cost model's.
 """
 
 from __future__ import annotations
 
+import math
+
 from minisgl.core import Req
-from minisgl.scheduler.chunking import ChunkingPolicy
+from minisgl.scheduler.chunking import ChunkingPolicy, PrefillCost
 
 
-class BudgetChunking(ChunkingPolicy):
-    """Chunked prefill under a token budget (the contract is the module docstring)."""
+class TimedChunking(ChunkingPolicy):
+    """Chunks sized by time under a cost model (the contract is the module docstring)."""
+
+    def __init__(self, cost: PrefillCost | None = None):
+        self.cost = cost or PrefillCost(per_token=1.0, per_pair=1 / 512)
+        self.time_left = math.inf  # of the batch being built: budget() starts it, extend_end() charges it
 
     def budget(self, busy: float, idle: float, num_decoding: int) -> float:
-        """New tokens the next prefill batch may compute."""
-        # BEGIN SOLUTION hint="busy while any request decodes (num_decoding > 0), else idle"
-        return busy if num_decoding else idle
+        """New tokens the next prefill batch may compute; starts the batch's clock."""
+        # BEGIN SOLUTION hint="decoding: busy, clock chunk_time(cost, 0, busy); else idle, clock inf"
+        if num_decoding > 0:
+            self.time_left = chunk_time(self.cost, 0, busy)
+            return busy
+        self.time_left = math.inf
+        return idle
         # END SOLUTION
 
     def extend_end(self, req: Req, tokens_left: float) -> int:
-        """Where ``req``'s extend in this batch ends (it starts at ``req.cached_len``)."""
-        # BEGIN SOLUTION hint="the smaller of req.device_len and req.cached_len + tokens_left, as an int"
-        return int(min(req.device_len, req.cached_len + tokens_left))
+        """Where ``req``'s extend in this batch ends (it starts at ``req.cached_len``); charges the clock."""
+        # BEGIN SOLUTION hint="largest end fitting tokens_left and time_left (<=); >= cached_len+1; charge"
+        start = req.cached_len
+        lo, hi = start + 1, int(min(req.device_len, start + tokens_left))
+        while lo < hi:  # invariant: lo fits (or is the one-token minimum); nothing past hi may be taken
+            mid = (lo + hi + 1) // 2
+            if chunk_time(self.cost, start, mid) <= self.time_left:
+                lo = mid
+            else:
+                hi = mid - 1
+        self.time_left -= chunk_time(self.cost, start, lo)
+        return lo
         # END SOLUTION
 
     def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
@@ -85,3 +121,42 @@ class BudgetChunking(ChunkingPolicy):
         # BEGIN SOLUTION hint="True only right after a cut prompt, and only if some request can decode"
         return after_chunk and num_decodable > 0
         # END SOLUTION
+
+
+def chunk_time(cost: PrefillCost, start: int, end: float) -> float:
+    """The time of computing positions ``[start, end)`` of one request under ``cost``."""
+    # BEGIN SOLUTION hint="per_token * tokens + per_pair * pairs (p attends to p + 1 keys)"
+    if math.isinf(end):
+        return math.inf
+    n = end - start
+    pairs = n * (start + end + 1) / 2  # sum of p + 1 over p in [start, end)
+    return cost.per_token * n + cost.per_pair * pairs
+    # END SOLUTION
+
+
+def fit_cost(samples: list[tuple[int, int, float]]) -> PrefillCost:
+    """The least-squares ``PrefillCost`` (both coefficients >= 0) of measured ``(start, end, seconds)``."""
+    # BEGIN SOLUTION hint="2x2 normal equations over (tokens, pairs); det 0 or < 0: fit one alone"
+    if not samples:
+        raise ValueError("fit_cost needs at least one sample")
+    rows = []
+    for start, end, seconds in samples:
+        if end <= start:
+            raise ValueError(f"a sample must have end > start, got ({start}, {end})")
+        n = end - start
+        rows.append((n, n * (start + end + 1) / 2, seconds))
+    nn = sum(n * n for n, _, _ in rows)
+    npp = sum(n * p for n, p, _ in rows)
+    pp = sum(p * p for _, p, _ in rows)
+    nt = sum(n * t for n, _, t in rows)
+    pt = sum(p * t for _, p, t in rows)
+    det = nn * pp - npp * npp
+    if det > 1e-12 * nn * pp:
+        a = (nt * pp - pt * npp) / det
+        b = (pt * nn - nt * npp) / det
+        if a >= 0 and b >= 0:
+            return PrefillCost(a, b)
+        if a < 0:
+            return PrefillCost(0.0, max(0.0, pt / pp))
+    return PrefillCost(max(0.0, nt / nn), 0.0)
+    # END SOLUTION

@@ -7,11 +7,18 @@ the cut is written, so each next chunk attends to the earlier ones as a cached p
     batch 1: [req A: 0 ........ 600 | req B: 0 ... 412 ✂]        budget 1024
     batch 2: decode of A and the other running requests          (one decode step between chunks)
     batch 3: [req B: 412 ............... 1436 ✂]
+
+A fixed token budget makes chunks of equal *size*, but not of equal *time*: a chunk's queries attend
+to every key before them, so the last chunk of a long prompt costs more than its first. The policy
+registered as ``"timed"`` (``components={"chunking": "timed"}``) sizes every chunk by a fitted
+``PrefillCost`` instead, so that no batch a decoding request waits for takes longer than a
+``max_prefill_length`` chunk from position 0.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from minisgl.core import Req
 from minisgl.registry import Registry
@@ -55,4 +62,16 @@ class GreedyChunking(ChunkingPolicy):
         return after_chunk and num_decodable > 0
 
 
-CHUNKING_POLICIES: Registry[type[ChunkingPolicy]] = Registry("chunking policy", {"default": GreedyChunking})
+@dataclass(frozen=True)
+class PrefillCost:
+    """A prefill extend's time, fitted from measured batches (lesson 07): ``per_token`` for each new
+    token (the matmuls) plus ``per_pair`` for each (query, key) pair its attention computes (the new
+    token at position ``p`` attends to the ``p + 1`` keys ``[0, p]``). Any unit: only ratios matter."""
+
+    per_token: float = 1.0
+    per_pair: float = 0.0
+
+
+CHUNKING_POLICIES: Registry[type[ChunkingPolicy]] = Registry(
+    "chunking policy", {"default": GreedyChunking, "timed": "minisgl.scheduler.timed:TimedChunking"}
+)

@@ -111,16 +111,25 @@ LABS: dict[str, LabReferences] = {
         {"RadixCache": ("match_prefix", "lock", "unlock", "insert", "evict", "evictable_size", "protected_size")},
     ),
     "lab07": LabReferences(
-        ("minisgl.scheduler.chunking:GreedyChunking",),  # the interface's three methods are abstract
-        {"BudgetChunking": ("budget", "extend_end", "decode_first")},
+        (  # the interface's three methods are abstract
+            "minisgl.scheduler.chunking:GreedyChunking",
+            "minisgl.scheduler.timed:TimedChunking",
+            "minisgl.scheduler.timed:chunk_time",
+            "minisgl.scheduler.timed:fit_cost",
+        ),
+        {"TimedChunking": ("budget", "extend_end", "decode_first")},
     ),
     "lab08": LabReferences(
-        ("minisgl.scheduler.loop:OverlapLoop", "minisgl.scheduler.loop:PlainLoop"),
-        {"OverlapLoop": ("step", "in_flight")},
+        ("minisgl.scheduler.loops:OverlapLoop", "minisgl.scheduler.loops:PlainLoop"),
+        {"OverlapLoop": ("step", "free_finished", "in_flight")},
     ),
     "lab09": LabReferences(
-        ("minisgl.engine.graph:BucketPlan", "minisgl.engine.graph:graph_batch_sizes"),  # GraphPlan: abstract
-        {"PaddedPlan": ("candidates", "sizes", "bucket", "pad")},
+        (  # GraphPlan: abstract
+            "minisgl.engine.graph:BucketPlan",
+            "minisgl.engine.graph:GraphRunner",
+            "minisgl.engine.graph:graph_batch_sizes",
+        ),
+        {"PaddedPlan": ("candidates", "sizes", "capture", "use_graph", "bucket", "pad", "replay")},
     ),
     "lab10": LabReferences(
         (
@@ -165,7 +174,14 @@ LABS: dict[str, LabReferences] = {
             "minisgl.benchmark.roofline:decode_roofline",
         ),
     ),
-    "lab13": LabReferences(("minisgl.kvcache.radix:common_prefix_len", "minisgl.kvcache.radix:RadixPrefixCache")),
+    "lab13": LabReferences(
+        (
+            "minisgl.kernels.paged_attention:paged_decode_attention_cpp",
+            "minisgl.kernels.paged_attention:paged_decode_attention_torch",
+            "minisgl.kernels.paged_attention:paged_decode_attention",  # the seam: the engine's kernel by default
+            "minisgl.kernels.jit:cpu_module",  # the engine's compiled C++ (its paged_decode_attention)
+        )
+    ),
 }
 
 _MARK = "__ag_engine_reference__"  # set on a tripwire: the dotted name of the reference it guards
@@ -293,6 +309,7 @@ def install(stem: str, graded_folder: Path) -> None:
             return False
         name = filename[len(folder) :]
         return name == own_file or re.match(r"lab\d\d_", name) is None
+
     originals = references(lab)
     swaps: dict[int, Any] = {}  # id of an original function -> its tripwire
     for dotted in LABS[lab].engine:

@@ -1,58 +1,77 @@
-"""Lab 13: a C++ kernel through TVM FFI, the radix cache's key compare.
+"""Lab 13: a C++ kernel through TVM FFI, the engine's paged decode attention on the CPU.
 
-The radix cache compares token keys all the time: ``prefix_len(a, b)`` is the length of the
-longest common prefix of two token arrays. In Python that costs tens of microseconds per thousand
-tokens (every element is a boxed ``int``); in C++ over the raw int64 buffer it is a tight loop.
-You write that loop in C++, compile it at run time with ``tvm_ffi.cpp.load_inline`` and call it on
-torch tensors, which reach C++ through DLPack without a copy (``tvm::ffi::TensorView``)::
+At every decode step each layer attends one new query per request over that request's cached keys.
+The keys lie in the KV pool wherever the page table put them; the torch path
+(``minisgl.kernels.paged_attention.paged_decode_attention_torch``) first *gathers* them into a dense
+``[B, Lmax, kv_heads, head_dim]`` copy (K and V, every layer, every step) and then multiplies. Lesson
+13 measures that the copy costs more than the arithmetic. You write the kernel that reads each K/V
+row where it lies, through the slot list, in C++, compile it at run time with
+``tvm_ffi.cpp.load_inline`` and call it on torch tensors (they reach C++ through DLPack without a
+copy, as ``tvm::ffi::TensorView``)::
 
-    a = [5 9 2 7 7 1]
-    b = [5 9 2 4]          prefix_len(a, b) -> 3      (a[:3] == b[:3], a[3] != b[3])
-    b = [5 9]              prefix_len(a, b) -> 2      (no mismatch: the shorter length)
+    slots[b] = [ 7  8  9 10 | 3  4  . . ]   lens[b] = 6    (pages of 4; "." = padding)
+    out[b, h] = sum_j softmax_j(q[b, h] . k[slots[b, j], g] * scale) v[slots[b, j], g],  j < lens[b]
+    g = h / (H / Hkv)                                      (grouped-query attention: H query heads
+                                                            share Hkv KV heads, in order)
 
-Contract (the grader compares every result with the engine's Python compare on lists; the engine's
-own compare is off limits here: a lab that aliases or calls it is graded 0):
+Contract (the grader compares every result with the torch reference in float64; the engine's own
+kernels are off limits here: a lab that calls, aliases or compiles them is graded 0):
 
 * ``cpp_source()`` returns the C++ source text: ``CPP_HEADER`` followed by your function
-  ``int64_t prefix_len(tvm::ffi::TensorView a, tvm::ffi::TensorView b)``.
+  ``void paged_decode(TensorView q, TensorView k, TensorView v, TensorView slots, TensorView lens,
+  TensorView out, double scale)``, which writes ``out`` in place.
 * ``build(source)`` compiles ``source`` with ``tvm_ffi.cpp.load_inline`` (module name ``NAME``,
-  exported function ``prefix_len``, ``-O3``) and returns the module. ``build()`` builds
-  ``cpp_source()``. Each distinct source is compiled once per process (``_BUILT``); tvm_ffi also
-  keeps the compiled library on disk, keyed by the name and a hash of the source, so a second
-  process loads it in milliseconds.
-* ``prefix_len(a, b)`` takes two 1-D int64 CPU tensors of any lengths (0 included) and any
-  stride (``x[::2]``, a column of a matrix) and returns, as a Python ``int``, the largest
-  ``i <= min(len(a), len(b))`` with ``a[:i] == b[:i]``. Token ids are full 64-bit values. It
-  reads the tensors in place: no copy, no conversion (the grader times it against the Python
-  compare: at least 5x faster on 32k tokens). Anything but two 1-D int64 tensors raises
-  ``ValueError`` or ``TypeError`` (``TVM_FFI_THROW(ValueError) << "..."`` raises a Python
-  ``ValueError``): each tensor is checked on its own (its ndim, and its whole dtype: type code,
-  bits and lanes), before anything else (an empty int32 tensor raises too).
-* The engine's radix cache keeps its keys as lists; the grader's swap-in converts both keys to
-  int64 tensors and calls your ``prefix_len`` from ``RadixPrefixCache.prefix_len`` (lesson 13
-  measures what that conversion costs).
+  exported function ``paged_decode``, ``extra_cflags=CFLAGS``) and returns the module. ``build()``
+  builds ``cpp_source()``. Each distinct source is compiled once per process (``_BUILT``); tvm_ffi
+  also keeps the library on disk, keyed by the name and a hash of the source and flags.
+* ``paged_decode_attention(q, k_pool, v_pool, slots, lens, scale)`` is a ``DecodeKernel`` (see
+  ``minisgl/kernels/paged_attention.py``): it allocates ``out`` (``[B, H, D]``, q's dtype,
+  contiguous), runs the compiled ``paged_decode`` on the tensors as they are (no copy of the pool,
+  no torch math) and returns ``out``. The grader plugs it into the engine through
+  ``DECODE_KERNELS`` / ``use_decode_kernel`` and times it against the torch path on the same
+  machine: at least 1.5x faster on one thread (the reference is about 3x faster).
+* The tensors: ``q`` ``[B, H, D]`` in any strides (a view into each request's row of a fused qkv
+  projection has ``q.stride(0) != H * D``; a head-major one ``q.stride(1) != D``); ``k``, ``v`` ``[S, Hkv, D]``
+  (one layer of the pool, indexed by slot), ``out`` ``[B, H, D]``, ``slots`` ``[B, Lmax]`` int64 and
+  ``lens`` ``[B]`` int32, all contiguous. ``q``, ``k``, ``v``, ``out`` share one dtype, float32 or
+  bfloat16 (``uint16_t`` bits in C++: read with ``to_f``, write with ``put``, which rounds to nearest
+  even); accumulate in float32. Scores are ``q . k * scale``; the softmax subtracts the row's maximum
+  first (``exp`` of a score of 100 is already inf in float32).
+* Request ``b`` attends to its first ``lens[b]`` slots only: ``slots[b, j]`` for ``j >= lens[b]``
+  is padding. Any ``1 <= lens[b] <= Lmax`` is valid (a sequence that ends exactly on a page boundary,
+  one token, a row filled to ``Lmax``).
+* Checks, all before anything is read from the data or written to ``out`` (a refused call leaves
+  ``out`` as it was): ``TypeError`` when q's dtype is not float32 or bfloat16, when ``k``, ``v`` or
+  ``out`` (each on its own) has another dtype than q, when ``slots`` is not int64 or ``lens`` not
+  int32; ``ValueError`` for a wrong ndim, ``k`` and ``v`` of different shapes, ``out`` not q's
+  shape, ``k.size(2) != D``, ``H`` not a multiple of ``Hkv``, ``slots``/``lens`` not ``B`` rows, a
+  tensor among k, v, out, slots, lens that is not contiguous (``dense``), a ``lens[b]`` outside
+  ``[1, Lmax]``, and a slot that request ``b`` reads (``j < lens[b]``) outside ``[0, S)`` (each
+  slot: reading past the pool reads memory that is not its data). ``TVM_FFI_THROW(ValueError) <<
+  "..."`` raises a Python ``ValueError``.
 
-A ``TensorView``'s element ``i`` is at ``data_ptr() + byte_offset()`` plus ``i * stride(0)``
-*elements*; ``size(0)`` is its length, ``dtype()`` a ``DLDataType`` (``{kDLInt, 64, 1}`` for int64).
+A ``TensorView``'s element ``(i, j, ...)`` is at ``first<T>(t)`` plus ``i * t.stride(0) + j *
+t.stride(1) + ...`` *elements*; ``size(i)``, ``ndim()``, ``dtype()`` (a ``DLDataType``: ``{kDLFloat,
+32, 1}`` is float32, ``{kDLBfloat, 16, 1}`` bfloat16) describe it.
 
 Pitfalls the grader recognises (its messages name them):
 
-* the end: an off-by-one that stops one element early (a full match comes out one short) or
-  counts the mismatching element;
-* reading past the shorter array (a loop bound from one tensor only): past its end lies memory
-  that is not its data, and may even continue the match;
-* int32 token ids: comparing through ``int`` or ``int32_t`` truncates ids above 2^31, and ids that
-  differ only in their high bits compare equal;
-* strides: assuming a contiguous tensor (``x[::2]`` then reads the wrong elements), or that both
-  tensors share one layout (each has its own ``stride(0)``; a contiguous fast path needs both);
-* no mismatch: the answer is the shorter length, not 0 or -1 (a "not found" sentinel) nor the longer
-  length;
-* dtype: an int32 tensor read as int64 (check the dtype of each tensor and raise);
-* speed: a Python loop or ``.tolist()`` inside ``prefix_len`` (correct, but no faster than Python);
+* padding: attending over all ``Lmax`` slots of the row instead of the first ``lens[b]``;
+* grouped-query heads: query head ``h`` reads KV head ``h / (H / Hkv)`` (``h % Hkv`` is another
+  model's layout);
+* the softmax without its maximum subtracted: large scores overflow to inf and the output is NaN;
+* q's strides: reading q as if it were contiguous (a view of wider rows, or head-major);
+* one slot row for all: request ``b``'s slots are row ``b`` of ``slots`` (``b * Lmax + j``);
+* the order of the checks: a ``lens`` or slot check inside the attention loop raises after earlier
+  requests' outputs were written;
+* speed: torch (a gather, ``.contiguous()`` of the pool, a matmul) inside ``paged_decode_attention``
+  is correct and no faster than the torch path;
 * a C++ compile error: the grader shows the compiler's first error lines.
 
-Grading: ``python -m autograder lab13`` runs fixed edge cases, random arrays against the Python
-compare, the speed check, and the engine with the radix cache comparing keys through your kernel.
+Grading: ``python -m autograder lab13`` runs fixed cases (each pitfall, both dtypes, the boundary
+lengths, page sizes 1, 4 and 16), random batches against the reference, the checks one argument at a
+time, the speed check, and the engine decoding with your kernel (the same greedy tokens as the
+engine's torch path).
 """
 
 from __future__ import annotations
@@ -61,29 +80,83 @@ from typing import Any
 
 import torch
 
-NAME = "lab13_prefix_len"
+NAME = "lab13_paged_decode"
+CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]  # `#pragma omp simd` vectorises a float sum
 
 CPP_HEADER = r"""
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 using tvm::ffi::TensorView;
+
+// the address of element 0 of t (a view may start inside its buffer)
+template <typename T>
+T* first(const TensorView& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+}
+
+// float32 and bfloat16 (uint16_t bits: the top half of a float32) as float, and back
+inline float to_f(float x) { return x; }
+inline float to_f(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline void put(float* p, float x) { *p = x; }
+inline void put(uint16_t* p, float x) {  // round to nearest even; NaN stays NaN
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {
+    *p = static_cast<uint16_t>((bits >> 16) | 0x40);
+    return;
+  }
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  *p = static_cast<uint16_t>(bits >> 16);
+}
+
+// laid out row after row with no gaps (as torch's is_contiguous: a dimension of size 1 has any stride)
+inline bool dense(const TensorView& t) {
+  int64_t expect = 1;
+  for (int i = t.ndim() - 1; i >= 0; --i) {
+    if (t.size(i) != 1 && t.stride(i) != expect) return false;
+    expect *= t.size(i);
+  }
+  return true;
+}
+
+inline bool same_shape(const TensorView& a, const TensorView& b) {
+  if (a.ndim() != b.ndim()) return false;
+  for (int i = 0; i < a.ndim(); ++i)
+    if (a.size(i) != b.size(i)) return false;
+  return true;
+}
 """
 
 
 def cpp_source() -> str:
-    """The C++ source of ``prefix_len``: ``CPP_HEADER`` followed by your function, shaped like
+    """The C++ source of ``paged_decode``: ``CPP_HEADER`` followed by your code, shaped like
 
-        int64_t prefix_len(TensorView a, TensorView b) {
-          // 1. two 1-D int64 tensors, else TVM_FFI_THROW(ValueError or TypeError) << "why";
-          // 2. n = the shorter length; element i of a is at (its first element) + i * a.stride(0)
-          // 3. count equal elements from the start; stop at the first difference, or at n
+        template <typename T>  // float or uint16_t (bfloat16 bits)
+        void attend(...) {
+          // for each request b and query head h: scores over j < lens[b], their softmax, the
+          // weighted sum of the V rows, written to out[b, h] with put()
+        }
+
+        void paged_decode(TensorView q, TensorView k, TensorView v, TensorView slots,
+                          TensorView lens, TensorView out, double scale) {
+          // 1. every check of the docstring, TVM_FFI_THROW(TypeError or ValueError) << "why"
+          // 2. attend<float> or attend<uint16_t>
         }
 
     and returned as one string: ``CPP_HEADER + r'''...'''``."""
-    raise NotImplementedError("Lab 13: return CPP_HEADER + the C++ text of prefix_len (see the docstring)")
+    raise NotImplementedError("Lab 13: return CPP_HEADER + the C++ text of paged_decode (see the docstrings)")
 
 
 _BUILT: dict[str, Any] = {}  # source text -> compiled module
@@ -98,6 +171,9 @@ def build(source: str | None = None):
     return _BUILT[source]
 
 
-def prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the longest common prefix of two 1-D int64 tensors, computed by the C++ kernel."""
-    raise NotImplementedError("Lab 13: call the compiled prefix_len on the tensors themselves; return an int")
+def paged_decode_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Decode attention of ``q`` ``[B, H, D]`` over the pool's rows ``slots`` (``lens[b]`` of row b),
+    computed by the C++ kernel into a new ``[B, H, D]`` tensor of q's dtype."""
+    raise NotImplementedError("Lab 13: allocate out, run the compiled paged_decode on the tensors as they are, return out")

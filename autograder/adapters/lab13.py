@@ -1,10 +1,12 @@
-"""Lab 13 adapter: the ``prefix_len`` of ``lab13_jit_kernel.py`` (a C++ kernel built through
-``tvm_ffi.cpp.load_inline``), and the swap-in that lets the engine's radix cache compare its keys
-with it: a ``RadixPrefixCache`` whose ``prefix_len`` is the student's, registered in
-``minisgl.kvcache.PREFIX_CACHES`` as ``"lab13"``.
+"""Lab 13 adapter: the ``paged_decode_attention`` of ``lab13_jit_kernel.py`` (a C++ kernel built
+through ``tvm_ffi.cpp.load_inline``) and its compiled ``paged_decode``, and the swap-in that makes the
+engine's decode attention run it (``DECODE_KERNELS`` / ``use_decode_kernel`` of
+``minisgl.kernels.paged_attention``).
 
 The build happens on the first call. A C++ compile error becomes an ``AssertionError`` that shows
-the compiler's first error lines, so every test fails with it instead of crashing the grader."""
+the compiler's first error lines, so every test fails with it instead of crashing the grader. A
+build that compiles the engine's own C++ (its ``csrc/`` files, included or pasted) is refused as the
+engine's implementation: the lab scores 0."""
 
 from __future__ import annotations
 
@@ -15,14 +17,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from autograder import originality
 from autograder.impl import require
-from minisgl.kvcache import PREFIX_CACHES, RadixPrefixCache
-from minisgl.kvcache.radix import common_prefix_len
+from minisgl.kernels import paged_attention
 
 STEM = "lab13_jit_kernel"
+CSRC = Path(paged_attention.__file__).resolve().parent / "csrc"
 _ERROR = re.compile(r"\berror\b", re.IGNORECASE)
 
 
@@ -60,6 +62,65 @@ def compiler_errors(message: str, source: str = "", lines: int = 6) -> str:
     return "\n".join(out[:lines]) or "\n".join(text[-lines:])
 
 
+def _engine_lines() -> set[str]:
+    """The distinctive lines of the engine's C++ CPU kernels (long enough not to be boilerplate; not
+    those of its shared helpers, ``cpu_common.h``, whose bfloat16 conversions the lab's ``CPP_HEADER``
+    gives too)."""
+    lines = lambda f: {s.strip() for s in f.read_text().splitlines() if len(s.strip()) >= 40}  # noqa: E731
+    kernels = set().union(*(lines(f) for f in CSRC.glob("*.cc")))
+    return kernels - lines(CSRC / "cpu_common.h")
+
+
+def engine_source_used(source: object, include_paths: object = None) -> str | None:
+    """Why ``source`` (with these include paths) compiles the engine's own C++, or None: an include
+    path into ``minisgl/kernels``, an ``#include`` of one of its files, or three of its lines."""
+    for p in [include_paths] if isinstance(include_paths, str | Path) else list(include_paths or []):
+        if Path(p).resolve() == CSRC or CSRC in Path(p).resolve().parents or Path(p).resolve() == CSRC.parent:
+            return f"an include path into the engine's kernels ({p})"
+    texts = [source] if isinstance(source, str) else [s for s in (source or []) if isinstance(s, str)]
+    names = {f.name for f in CSRC.glob("*")}
+    engine = _engine_lines()
+    for text in texts:
+        for m in re.finditer(r'#\s*include\s*[<"]([^>"]+)[>"]', text):
+            if Path(m.group(1)).name in names:
+                return f"#include of the engine's {Path(m.group(1)).name}"
+        shared = [s.strip() for s in text.splitlines() if s.strip() in engine]
+        if len(shared) >= 3:
+            return f"lines of the engine's C++ sources (for one: {shared[0][:60]!r})"
+    return None
+
+
+def _refuse_engine(why: str) -> originality.EngineReference:
+    text = (
+        f"your build compiles the engine's own C++ ({why}): the lab asks you to write the kernel, not to "
+        "build minisgl/kernels/csrc (graded 0 until then)"
+    )
+    originality.FOUND.append(text)
+    return originality.EngineReference(text)
+
+
+@contextmanager
+def _watched_load_inline() -> Iterator[None]:
+    """``tvm_ffi.cpp.load_inline`` refusing the engine's sources while the student's build runs."""
+    import tvm_ffi.cpp
+
+    real = tvm_ffi.cpp.load_inline
+
+    def load_inline(name, *args, **kwargs):
+        why = engine_source_used(kwargs.get("cpp_sources"), kwargs.get("extra_include_paths")) or engine_source_used(
+            kwargs.get("cuda_sources")
+        )
+        if why:
+            raise _refuse_engine(why)
+        return real(name, *args, **kwargs)
+
+    tvm_ffi.cpp.load_inline = load_inline
+    try:
+        yield
+    finally:
+        tvm_ffi.cpp.load_inline = real
+
+
 def _failure_file(source: str) -> Path:
     """Where a failed compile of ``source`` is remembered: every test runs in its own process, and a
     source that did not compile fails the same way again, so later tests report it without the
@@ -75,75 +136,55 @@ def build() -> object:
     ``AssertionError`` with the compiler's first errors and a hint."""
     if _built:
         return _built[0]
-    source = require(STEM, "cpp_source")()
-    failed = _failure_file(source) if isinstance(source, str) else None
-    if failed is not None and failed.exists():
-        raise CompileError(failed.read_text())
-    try:
-        _built.append(require(STEM, "build")())
-        return _built[0]
-    except FileNotFoundError as e:  # tvm_ffi runs ninja, which runs the compiler
-        raise AssertionError(
-            f"the C++ build could not start ({e}): lab 13 needs a C++ compiler and ninja (the README says how "
-            "to install them)"
-        ) from None
-    except RuntimeError as e:
-        if "ninja" not in str(e) and "error" not in str(e):
-            raise
-        message = (
-            "your C++ source did not compile. The compiler's first errors:\n"
-            f"{compiler_errors(str(e), source if isinstance(source, str) else '')}\n"
-            "hint: read the first error; a missing ';' or '}', a misspelt TensorView method (size, stride, "
-            "data_ptr, byte_offset, dtype, ndim) or a missing #include are the usual causes"
-        )
-        if failed is not None and "error:" in str(e):  # a compiler's verdict, not a missing tool
-            failed.parent.mkdir(parents=True, exist_ok=True)
-            failed.write_text(message)
-        raise CompileError(message) from None
+    with _watched_load_inline():  # before the lab file is imported: it may bind load_inline at import
+        source = require(STEM, "cpp_source")()
+        why = engine_source_used(source)
+        if why:
+            raise _refuse_engine(why)
+        failed = _failure_file(source) if isinstance(source, str) else None
+        if failed is not None and failed.exists():
+            raise CompileError(failed.read_text())
+        try:
+            _built.append(require(STEM, "build")())
+            return _built[0]
+        except FileNotFoundError as e:  # tvm_ffi runs ninja, which runs the compiler
+            raise AssertionError(
+                f"the C++ build could not start ({e}): lab 13 needs a C++ compiler and ninja (the README says how "
+                "to install them)"
+            ) from None
+        except RuntimeError as e:
+            if "ninja" not in str(e) and "error" not in str(e):
+                raise
+            message = (
+                "your C++ source did not compile. The compiler's first errors:\n"
+                f"{compiler_errors(str(e), source if isinstance(source, str) else '')}\n"
+                "hint: read the first error; a missing ';' or '}', a misspelt TensorView method (size, stride, "
+                "data_ptr, byte_offset, dtype, ndim), a template argument or a missing #include are the usual causes"
+            )
+            if failed is not None and "error:" in str(e):  # a compiler's verdict, not a missing tool
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                failed.write_text(message)
+            raise CompileError(message) from None
 
 
-def kernel() -> Callable[[torch.Tensor, torch.Tensor], int]:
-    """The student's ``prefix_len``, after a build (so a compile error is reported as such); the speed
-    test times this function itself, without the adapter's checks."""
+def paged_decode(q, k, v, slots, lens, out, scale: float) -> None:
+    """The compiled C++ ``paged_decode`` itself (the checks and the in-place write)."""
+    build().paged_decode(q, k, v, slots, lens, out, scale)
+
+
+def kernel() -> Callable[..., torch.Tensor]:
+    """The student's ``paged_decode_attention``, after a build (so a compile error is reported as
+    such); the speed test times this function itself, without the adapter's checks."""
     build()
-    return require(STEM, "prefix_len")
+    return require(STEM, "paged_decode_attention")
 
 
-def prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
-    return kernel()(a, b)
-
-
-def as_tensor(ids: list[int]) -> torch.Tensor:
-    """A list of token ids as a 1-D int64 tensor (the cheapest way: a numpy array, shared with torch)."""
-    return torch.from_numpy(np.fromiter(ids, dtype=np.int64, count=len(ids)))
-
-
-def kernel_cache_class(fn: Callable[[torch.Tensor, torch.Tensor], int] | None = None) -> type[RadixPrefixCache]:
-    """The engine's radix cache comparing its (list) keys with ``fn`` (default: the student's
-    ``prefix_len``); ``calls`` counts the compares. A compare that disagrees with the engine's raises
-    ``AssertionError`` where it happens: a wrong length can send the tree walk round forever."""
-    fn = fn or prefix_len
-
-    class KernelRadixCache(RadixPrefixCache):
-        calls = 0
-
-        @staticmethod
-        def prefix_len(a: list[int], b: list[int]) -> int:
-            KernelRadixCache.calls += 1
-            got, want = fn(as_tensor(a), as_tensor(b)), common_prefix_len(a, b)
-            if got != want:
-                shown = lambda x: x if len(x) <= 8 else f"{len(x)} ids {x[:4]}..."  # noqa: E731
-                raise AssertionError(
-                    f"inside the engine, prefix_len({shown(a)}, {shown(b)}) returned {got!r}, expected {want} "
-                    "(two radix keys, as int64 tensors)"
-                )
-            return got
-
-    return KernelRadixCache
+def paged_decode_attention(q, k_pool, v_pool, slots, lens, scale: float) -> torch.Tensor:
+    return kernel()(q, k_pool, v_pool, slots, lens, scale)
 
 
 @contextmanager
-def registered_cache(cls: type[RadixPrefixCache], name: str = "lab13") -> Iterator[str]:
-    """``cls`` as the engine's ``cache_type=name`` inside the block; yields the name."""
-    with PREFIX_CACHES.registered(name, cls):
-        yield name
+def engine_decoding_with(fn: Callable[..., torch.Tensor], name: str = "lab13") -> Iterator[None]:
+    """The engine's CPU decode attention runs ``fn`` inside the block."""
+    with paged_attention.DECODE_KERNELS.registered(name, fn), paged_attention.use_decode_kernel(name):
+        yield

@@ -5,8 +5,9 @@ time launching its ~25 ops than the CPU spends in them; the C++ layer runs the s
 It takes a step only when the step is what the C++ layer computes: on the CPU, float32 or bfloat16,
 every request decoding one token (at most ``small_linear.max_rows``: 64 with AVX-512, else 8), the
 torch attention backend over an unquantized pool, tensor parallelism off, and every part of every
-layer the engine's own (a norm, rotary, activation or linear layer swapped in through a seam runs
-itself, so the Python path runs). Otherwise ``run_layers`` returns None and the model runs its layers
+layer the engine's own, and the engine's decode-attention kernel (``use_decode_kernel``): a norm,
+rotary, activation, linear layer or attention kernel swapped in through a seam runs itself, so the
+Python path runs. Otherwise ``run_layers`` returns None and the model runs its layers
 one module at a time.
 """
 
@@ -18,6 +19,7 @@ from minisgl.attention.context import get_ctx
 from minisgl.attention.torch_backend import TorchBackend, TorchMetadata
 from minisgl.distributed import get_tp_info
 from minisgl.env import ENV
+from minisgl.kernels import paged_attention
 from minisgl.kernels.jit import cpu_module
 from minisgl.kernels.small_linear import DTYPES, max_rows
 from minisgl.layers import ACTIVATIONS, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -62,6 +64,8 @@ def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
     backend, batch = ctx.attn_backend, ctx.batch
     if type(backend) is not TorchBackend or backend.pool.quantized or get_tp_info().size != 1:
         return None
+    if not paged_attention.engine_kernel_chosen():
+        return None  # the C++ layer has the engine's decode attention inside; a plugged-in kernel runs in Python
     md = batch.attn_metadata
     if not isinstance(md, TorchMetadata) or md.q_index is not None or md.kv_slots.shape[0] != x.shape[0]:
         return None  # not a decode step: one query per request

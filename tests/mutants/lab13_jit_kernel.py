@@ -1,255 +1,210 @@
-"""Broken variants of solutions/lab13_jit_kernel.py: one per pitfall its docstring names and one of each
-kind of hole (``mutants.KINDS``; each C++ edit is a new source, so each mutant compiles once, ~2 s), a
-correct one written another way (``EQUIVALENT``), and two that the hidden tests catch
-(``HIDDEN_MUTANTS``). Both passed every visible test when they were written; visible tests catch them
-now too (``fast_path_checks_only_a_visibly``, ``one_stride_for_both_visibly``)."""
+"""Broken variants of solutions/lab13_jit_kernel.py (paged decode attention in C++): one per pitfall its
+docstring names and one of each kind of hole (``mutants.KINDS``; each C++ edit is a new source, so each
+mutant compiles once, a few seconds), a correct one written another way (``EQUIVALENT``), and two that
+only the hidden tests catch (``HIDDEN_MUTANTS``)."""
 
 from mutants import Mutant
 
 STEM = "lab13_jit_kernel"
 
-# every fixed test of the compare -> the randomized test, which must fail with it
+# every fixed test of the kernel's math -> the randomized test, which must fail with it
 RANDOMIZED = {
-    name: "random_arrays_match_python"
+    name: "random_batches_match_torch"
     for name in (
-        "docstring_examples",
-        "empty_arrays",
-        "full_match",
-        "mismatch_at_zero",
-        "mismatch_at_the_last_element",
-        "stops_at_the_shorter_array",
-        "large_token_ids",
-        "strided_views",
+        "docstring_example",
+        "padding_is_not_attended",
+        "grouped_query_heads",
+        "each_request_its_own_slots",
+        "large_scores",
+        "strided_q",
+        "boundary_lengths",
+        "bfloat16",
     )
 }
 
-CONTIGUOUS_LOOP = "    while (i < n && pa[i] == pb[i]) ++i;"
-STRIDED_LOOP = "    while (i < n && pa[i * sa] == pb[i * sb]) ++i;"
+LENS_CHECK = "    if (lp[b] < 1 || lp[b] > Lmax) TVM_FFI_THROW(ValueError)"
+SLOT_CHECK = "      if (sp[b * Lmax + j] < 0 || sp[b * Lmax + j] >= S) TVM_FFI_THROW(ValueError)"
+WRAPPER = "    build().paged_decode(q, k_pool, v_pool, slots, lens, out, scale)\n"
 
 MUTANTS = [
     Mutant(
-        "stops_one_short",
+        "attends_to_the_padding",
+        STEM,
+        (("    const int64_t L = first<int32_t>(lens)[b];", "    const int64_t L = Lmax;"),),
+        must_fail=("padding_is_not_attended", "random_batches_match_torch", "engine_with_your_kernel"),
+        hint="padding: your kernel attended over all",
+        why="every slot of the row is attended, the padding past lens[b] too",
+    ),
+    Mutant(
+        "kv_head_modulo",
+        STEM,
+        (("const int64_t g = h / (H / Hkv);", "const int64_t g = h % Hkv;"),),
+        must_fail=("grouped_query_heads", "random_batches_match_torch", "engine_with_your_kernel"),
+        hint="you used h % Hkv",
+        why="query head h reads KV head h % Hkv: the heads of one group are spread over the KV heads",
+    ),
+    Mutant(
+        "softmax_without_the_maximum",
+        STEM,
+        (("std::exp(s[j] - m)", "std::exp(s[j])"),),
+        must_fail=("large_scores", "random_batches_match_torch"),
+        hint="subtract each row's maximum",
+        why="exp of the raw scores: a score past 89 overflows to inf, and inf / inf is NaN",
+    ),
+    Mutant(
+        "q_read_as_contiguous",
+        STEM,
+        (("first<T>(q) + b * q.stride(0) + h * q.stride(1);", "first<T>(q) + (b * H + h) * D;"),),
+        must_fail=("strided_q", "random_batches_match_torch"),
+        hint="q's strides",
+        why="q read as a contiguous [B, H, D]: a view into fused qkv rows, or head-major, reads the wrong elements",
+    ),
+    Mutant(
+        "one_slot_row_for_all",
         STEM,
         (
-            (CONTIGUOUS_LOOP, "    while (i + 1 < n && pa[i] == pb[i]) ++i;"),
-            (STRIDED_LOOP, "    while (i + 1 < n && pa[i * sa] == pb[i * sb]) ++i;"),
+            ("const T* kr = kp + (sp[b * Lmax + j] * Hkv + g) * D;", "const T* kr = kp + (sp[j] * Hkv + g) * D;"),
+            ("const T* vr = vp + (sp[b * Lmax + j] * Hkv + g) * D;", "const T* vr = vp + (sp[j] * Hkv + g) * D;"),
         ),
-        must_fail=("full_match", "docstring_examples", "random_arrays_match_python", "engine_with_your_kernel"),
-        hint="off by one at the end: the arrays agree on every element",
-        why="the loop bound is n - 1: a full match comes out one short",
+        must_fail=("each_request_its_own_slots", "random_batches_match_torch", "engine_with_your_kernel"),
+        hint="one slot row for all",
+        why="every request reads row 0 of slots",
     ),
     Mutant(
-        "counts_the_mismatch",
-        STEM,
-        (("  return i;\n}", "  return i < n ? i + 1 : i;\n}"),),
-        must_fail=(
-            "docstring_examples",
-            "mismatch_at_zero",
-            "mismatch_at_the_last_element",
-            "random_arrays_match_python",
-            "engine_with_your_kernel",
-        ),
-        hint="the count includes the first mismatching element",
-        why="the first differing element is counted as shared",
-    ),
-    Mutant(
-        "reads_past_the_shorter_array",
-        STEM,
-        (("const int64_t n = a.size(0) < b.size(0) ? a.size(0) : b.size(0);", "const int64_t n = a.size(0);"),),
-        must_fail=("stops_at_the_shorter_array", "random_arrays_match_python"),
-        hint="reading past the shorter array",
-        why="the loop bound is a's length only: a shorter b is read past its end",
-    ),
-    Mutant(
-        "int32_token_ids",
-        STEM,
-        (
-            (
-                CONTIGUOUS_LOOP,
-                "    while (i < n && static_cast<int32_t>(pa[i]) == static_cast<int32_t>(pb[i])) ++i;",
-            ),
-            (
-                STRIDED_LOOP,
-                "    while (i < n && static_cast<int32_t>(pa[i * sa]) == static_cast<int32_t>(pb[i * sb])) ++i;",
-            ),
-        ),
-        must_fail=("large_token_ids", "random_arrays_match_python"),
-        hint="int32 token ids",
-        why="ids are compared as int32: ids that differ only above bit 31 look equal",
-    ),
-    Mutant(
-        "assumes_contiguous",
-        STEM,
-        ((STRIDED_LOOP, "    while (i < n && pa[i] == pb[i]) ++i;"),),
-        must_fail=("strided_views", "random_arrays_match_python"),
-        hint="strides: these tensors are not contiguous",
-        why="strides ignored: x[::2] is read as x[:n]",
-    ),
-    Mutant(
-        "full_match_returns_a_sentinel",
-        STEM,
-        (("  return i;\n}", "  return i == n ? -1 : i;  // -1: no mismatch found\n}"),),
-        must_fail=(
-            "full_match",
-            "docstring_examples",
-            "empty_arrays",
-            "random_arrays_match_python",
-            "engine_with_your_kernel",
-        ),
-        hint="looks like a 'not found' sentinel",
-        why="no mismatch returns -1 (like a find) instead of the shorter length",
-    ),
-    Mutant(
-        "no_dtype_check",
+        "torch_in_the_wrapper",
         STEM,
         (
             (
-                '  if (a.dtype() != i64 || b.dtype() != i64) TVM_FFI_THROW(TypeError) << "prefix_len takes int64 '
-                'tensors";\n',
-                "",
+                WRAPPER,
+                "    keys, values = k_pool[slots], v_pool[slots]  # [B, L, Hkv, D]: the gather\n"
+                "    B, H, D = q.shape\n"
+                "    qg = q.reshape(B, k_pool.shape[1], H // k_pool.shape[1], D).float()\n"
+                '    s = torch.einsum("bgxd,blgd->bgxl", qg, keys.float()) * scale\n'
+                "    s = s.masked_fill(torch.arange(slots.shape[1]) >= lens[:, None, None, None], float('-inf'))\n"
+                '    o = torch.einsum("bgxl,blgd->bgxd", s.softmax(-1), values.float())\n'
+                "    out.copy_(o.reshape(B, H, D))\n",
             ),
         ),
-        must_fail=("rejects_other_dtypes",),
-        hint="dtype: check",
-        why="an int32 or float tensor is read as int64: nonsense instead of an error",
-    ),
-    Mutant(
-        "python_loop",
-        STEM,
-        (
-            (
-                "    return int(build().prefix_len(a, b))\n",
-                "    build()\n    x, y = a.tolist(), b.tolist()\n    i = 0\n"
-                "    while i < min(len(x), len(y)) and x[i] == y[i]:\n        i += 1\n    return i\n",
-            ),
-        ),
-        must_fail=("faster_than_python",),
-        hint="speed:",
-        why="the compare runs in Python over .tolist(): correct, and no faster than the engine's Python",
+        must_fail=("faster_than_torch",),
+        hint="Is there torch (a gather",
+        why="the wrapper computes the attention with torch (right, and no faster than the torch path)",
     ),
     Mutant(
         "cpp_syntax_error",
         STEM,
-        (("  return i;\n}", "  return i\n}"),),
-        must_fail=(
-            "docstring_examples",
-            "empty_arrays",
-            "full_match",
-            "random_arrays_match_python",
-            "engine_with_your_kernel",
+        (
+            (
+                "  attend<uint16_t>(q, k, v, slots, lens, out, static_cast<float>(scale));\n}",
+                "  attend<uint16_t>(q, k, v, slots, lens, out, static_cast<float>(scale))\n}",
+            ),
         ),
+        must_fail=("docstring_example", "bfloat16", "random_batches_match_torch", "engine_with_your_kernel"),
         hint="your C++ source did not compile",
         why="a missing ';': every test fails with the compiler's first error, none crashes the grader",
     ),
-]
-
-_NDIM = '  if (a.ndim() != 1 || b.ndim() != 1) TVM_FFI_THROW(ValueError) << "prefix_len takes two 1-D tensors";\n'
-_DTYPE = '  if (a.dtype() != i64 || b.dtype() != i64) TVM_FFI_THROW(TypeError) << "prefix_len takes int64 tensors";\n'
-
-MUTANTS += [
     Mutant(
-        "loop_bound_inclusive",
+        "lens_bound_exclusive",
         STEM,
-        (
-            (CONTIGUOUS_LOOP, "    while (i <= n && pa[i] == pb[i]) ++i;"),
-            (STRIDED_LOOP, "    while (i <= n && pa[i * sa] == pb[i * sb]) ++i;"),
-        ),
-        must_fail=("stops_at_the_shorter_array", "random_arrays_match_python"),
-        hint="reading past the shorter array",
-        why="i <= n where the contract says i <= min(len) for the answer, i < n for the elements read: the "
-        "element past the shorter array is compared too",
+        ((LENS_CHECK, "    if (lp[b] < 1 || lp[b] >= Lmax) TVM_FFI_THROW(ValueError)"),),
+        must_fail=("lengths_and_slots_at_their_bounds",),
+        hint="1 <= lens[b] <= Lmax",
+        why="lens[b] == Lmax refused where the contract allows it (a row filled to Lmax)",
         kind="boundary",
     ),
     Mutant(
-        "ndim_zero_accepted",
-        STEM,
-        ((_NDIM, _NDIM.replace("a.ndim() != 1 || b.ndim() != 1", "a.ndim() > 1 || b.ndim() > 1")),),
-        must_fail=("rejects_other_shapes",),
-        hint="a 0-D tensor has no size(0)",
-        why="ndim > 1 rejected where the contract says ndim == 1: a 0-D tensor reaches size(0), which raises "
-        "IndexError",
-        kind="boundary",
-    ),
-    Mutant(
-        "dtype_checked_on_a_only",
-        STEM,
-        ((_DTYPE, _DTYPE.replace("a.dtype() != i64 || b.dtype() != i64", "a.dtype() != i64")),),
-        must_fail=("rejects_other_dtypes",),
-        hint="each tensor is checked on its own",
-        why="the dtype check looks at a only: an int32 b is read as int64",
-        kind="one_argument",
-    ),
-    Mutant(
-        "fast_path_checks_only_a_visibly",
-        STEM,
-        (("  if (sa == 1 && sb == 1) {", "  if (sa == 1) {"),),
-        must_fail=("strided_views", "random_arrays_match_python"),
-        hint="each tensor has its own layout",
-        why="the contiguous loop runs when a alone is contiguous (the stride check looks at one argument): a "
-        "strided b is read as contiguous (once a hidden-test-only bug)",
-        kind="one_argument",
-    ),
-    Mutant(
-        "dtype_checked_by_bits_only",
+        "dtype_of_v_unchecked",
         STEM,
         (
             (
-                _DTYPE,
-                '  if (a.dtype().bits != 64 || b.dtype().bits != 64) TVM_FFI_THROW(TypeError) << "64-bit ids only";\n',
+                "if (k.dtype() != dt || v.dtype() != dt || out.dtype() != dt)",
+                "if (k.dtype() != dt || out.dtype() != dt)",
             ),
         ),
-        must_fail=("rejects_other_dtypes",),
-        hint="compare the whole DLDataType",
-        why="the dtype's size checked where each of its parts (type code, bits, lanes) must hold: float64 passes",
+        must_fail=("rejects_wrong_dtypes",),
+        hint="each of k, v and out is checked on its own",
+        why="v's dtype is not checked: a bfloat16 v is read as float32",
+        kind="one_argument",
+    ),
+    Mutant(
+        "last_slot_of_each_row_checked",
+        STEM,
+        (
+            (
+                "    for (int64_t j = 0; j < lp[b]; ++j)\n" + SLOT_CHECK,
+                "    for (int64_t j = lp[b] - 1; j < lp[b]; ++j)\n" + SLOT_CHECK,
+            ),
+        ),
+        must_fail=("lengths_and_slots_at_their_bounds",),
+        hint="each slot j < lens[b] is in [0, S)",
+        why="only the last slot a request reads is checked where each must be: a bad slot inside the row passes",
         kind="each_part",
     ),
     Mutant(
-        "empty_shortcut_before_the_checks",
+        "lengths_checked_while_attending",
         STEM,
-        ((_NDIM, "  if (a.size(0) == 0 || b.size(0) == 0) return 0;  // nothing to compare\n" + _NDIM),),
-        must_fail=("rejects_other_dtypes",),
-        hint="check the inputs first",
-        why="a shortcut for empty arrays runs before the input checks the contract puts first: an empty int32 "
-        "tensor returns 0",
+        (
+            (LENS_CHECK, "    if (false) TVM_FFI_THROW(ValueError)"),
+            (
+                "    const int64_t L = first<int32_t>(lens)[b];\n",
+                "    const int64_t L = first<int32_t>(lens)[b];\n"
+                '    if (L < 1 || L > Lmax) TVM_FFI_THROW(ValueError) << "lens[" << b << "] not in [1, Lmax]";\n',
+            ),
+        ),
+        must_fail=("checks_before_writing",),
+        hint="Check every length and slot first",
+        why="lens[b] is checked in the attention loop: the earlier requests' outputs are written before it raises",
         kind="order",
     ),
     Mutant(
-        "one_stride_for_both_visibly",
+        "q_head_stride_assumed_visibly",
         STEM,
-        ((STRIDED_LOOP, "    while (i < n && pa[i * sa] == pb[i * sa]) ++i;"),),
-        must_fail=("strided_views", "random_arrays_match_python"),
-        hint="each tensor has its own stride(0)",
-        why="once a hidden-test-only bug: a's stride is used for b too, right whenever both share one layout",
+        (("first<T>(q) + b * q.stride(0) + h * q.stride(1);", "first<T>(q) + b * q.stride(0) + h * D;"),),
+        must_fail=("strided_q", "random_batches_match_torch"),
+        hint="with head h at h * D",
+        why="heads assumed adjacent inside a request's row (right for the engine's qkv rows, wrong head-major)",
         kind="visible_on_cpu",
     ),
     Mutant(
-        "prefix_len_of_the_engine",
+        "the_engines_kernel",
         STEM,
         (
             (
-                "    return int(build().prefix_len(a, b))\n",
-                "    from minisgl.kvcache.radix import common_prefix_len\n\n"
-                "    return common_prefix_len(a.tolist(), b.tolist())\n",
+                WRAPPER,
+                "    from minisgl.kernels.paged_attention import paged_decode_attention_cpp\n\n"
+                "    return paged_decode_attention_cpp(q, k_pool, v_pool, slots, lens, scale)\n",
             ),
         ),
-        must_fail=("docstring_examples", "random_arrays_match_python"),
+        must_fail=("docstring_example", "random_batches_match_torch"),
         hint="the engine's own",
-        why="prefix_len is the engine's Python compare on lists (correct, and no kernel)",
+        why="the wrapper calls the engine's C++ kernel",
         kind="engine_reference",
     ),
     Mutant(
-        "prefix_len_is_the_radix_caches",
+        "the_engines_source_compiled",
         STEM,
         (
             (
-                "def prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:\n",
-                "from minisgl.kvcache.radix import RadixPrefixCache  # noqa: E402\n\n"
-                "prefix_len = RadixPrefixCache.prefix_len\n\n\ndef _unused(a: torch.Tensor, b: torch.Tensor) -> int:\n",
+                "        _BUILT[source] = tvm_ffi.cpp.load_inline(\n"
+                '            NAME, cpp_sources=source, functions=["paged_decode"], extra_cflags=CFLAGS\n'
+                "        )\n",
+                "        from pathlib import Path\n\n"
+                "        import minisgl.kernels\n\n"
+                '        csrc = Path(minisgl.kernels.__file__).parent / "csrc"\n'
+                '        glue = "void paged_decode(TensorView q, TensorView k, TensorView v, "\n'
+                '        glue += "TensorView s, TensorView l, "\n'
+                '        glue += "TensorView o, double sc) { paged_decode_attention(q, k, v, s, l, o, sc, 1); }"\n'
+                "        _BUILT[source] = tvm_ffi.cpp.load_inline(\n"
+                "            NAME + '_engine',\n"
+                "            cpp_sources=(csrc / 'paged_decode.cc').read_text() + glue,\n"
+                '            functions=["paged_decode"],\n'
+                "            extra_cflags=CFLAGS,\n"
+                "            extra_include_paths=[str(csrc)],\n"
+                "        )\n",
             ),
         ),
-        must_fail=("docstring_examples", "random_arrays_match_python"),
-        hint="the engine's own",
-        why="prefix_len is the radix cache's own key compare, taken from the class",
+        must_fail=("docstring_example", "random_batches_match_torch"),
+        hint="your build compiles the engine's own C++",
+        why="build() compiles the engine's paged_decode.cc (and a line of glue) instead of cpp_source()",
         kind="engine_reference",
     ),
 ]
@@ -258,35 +213,40 @@ EQUIVALENT = Mutant(
     "lab13_written_differently",
     STEM,
     (
-        (  # the wrapper makes the inputs contiguous; the C++ side then needs one loop (std::mismatch)
-            "  if (sa == 1 && sb == 1) {\n" + CONTIGUOUS_LOOP + "  // the common case: contiguous keys\n"
-            "  } else {\n" + STRIDED_LOOP + "\n  }\n",
-            "  i = std::mismatch(pa, pa + n, pb).first - pa;\n",
+        (  # the normalisation folded into the weights; q made contiguous in Python (a copy of q only)
+            "sum += (s[j] = std::exp(s[j] - m));",
+            "sum += (s[j] = std::exp(s[j] - m));\n      for (int64_t j = 0; j < L; ++j) s[j] /= sum;",
         ),
-        ("#include <cstdint>\n", "#include <algorithm>\n#include <cstdint>\n"),
-        (
-            "    return int(build().prefix_len(a, b))\n",
-            "    if a.dtype != torch.int64 or b.dtype != torch.int64:\n"
-            '        raise TypeError("prefix_len takes int64 tensors")\n'
-            "    return build().prefix_len(a.contiguous(), b.contiguous())\n",
-        ),
+        ("put(o + d, acc[d] / sum);", "put(o + d, acc[d]);"),
+        (WRAPPER, "    build().paged_decode(q.contiguous(), k_pool, v_pool, slots, lens, out, scale)\n"),
+        ("    out = torch.empty(q.shape, dtype=q.dtype)\n", "    out = q.new_empty(q.shape)\n"),
     ),
     must_fail=(),
 )
 
 HIDDEN_MUTANTS = [
     Mutant(
-        "one_stride_for_both",
+        "head_dim_in_blocks_of_16",
         STEM,
-        ((STRIDED_LOOP, "    while (i < n && pa[i * sa] == pb[i * sa]) ++i;"),),
-        must_fail=("each_tensor_its_own_stride", "broadcast_tensor"),
-        why="a's stride used for b too: right whenever both have the same layout, as in every visible test",
+        (
+            (
+                "        for (int64_t d = 0; d < D; ++d) dot += qf[d] * to_f(kr[d]);",
+                "        for (int64_t d = 0; d < D / 16 * 16; ++d) dot += qf[d] * to_f(kr[d]);",
+            ),
+            (
+                "        for (int64_t d = 0; d < D; ++d) acc[d] += w * to_f(vr[d]);",
+                "        for (int64_t d = 0; d < D / 16 * 16; ++d) acc[d] += w * to_f(vr[d]);",
+            ),
+        ),
+        must_fail=("head_dims_80_and_128",),
+        why="the head dimension handled in blocks of 16 with the remainder dropped: every visible head_dim is "
+        "16, 32 or 64",
     ),
     Mutant(
-        "fast_path_checks_only_a",
+        "q_last_stride_assumed",
         STEM,
-        (("  if (sa == 1 && sb == 1) {", "  if (sa == 1) {"),),
-        must_fail=("each_tensor_its_own_stride",),
-        why="the contiguous loop runs when a alone is contiguous: a strided b is then read as contiguous",
+        (("qf[d] = to_f(qh[d * q.stride(2)]) * scale;", "qf[d] = to_f(qh[d]) * scale;"),),
+        must_fail=("q_any_strides",),
+        why="q's elements assumed adjacent inside a head (stride(2) == 1), as in every visible layout",
     ),
 ]

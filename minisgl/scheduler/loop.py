@@ -95,12 +95,3 @@ class SchedulerLoop(ABC):
 LOOPS: Registry[type[SchedulerLoop]] = Registry(
     "scheduler loop", {"plain": "minisgl.scheduler.loops:PlainLoop", "overlap": "minisgl.scheduler.loops:OverlapLoop"}
 )
-
-
-def __getattr__(name: str) -> Any:
-    # NOTE: older imports (``from minisgl.scheduler.loop import PlainLoop``) still work
-    if name in ("PlainLoop", "OverlapLoop"):
-        from minisgl.scheduler import loops
-
-        return getattr(loops, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

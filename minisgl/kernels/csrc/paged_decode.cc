@@ -85,16 +85,16 @@ template <typename T>
 void attend_head_scalar(const T* q, const T* const* krow, const T* const* vrow, int64_t L, int64_t D, float scale,
                         float* s, float* acc, T* out) {
   float m = -INFINITY;
-  for (int64_t j = 0; j < L; ++j) {
+  for (int64_t j = 0; j < L; j++) {
     float dot = 0.0f;
     for (int64_t d = 0; d < D; ++d) dot += to_f(q[d]) * scale * to_f(krow[j][d]);
     s[j] = dot;
     m = std::max(m, dot);
   }
   float sum = 0.0f;
-  for (int64_t j = 0; j < L; ++j) sum += (s[j] = std::exp(s[j] - m));
+  for (int64_t j = 0; j < L; j++) sum += (s[j] = std::exp(s[j] - m));
   std::fill(acc, acc + D, 0.0f);
-  for (int64_t j = 0; j < L; ++j)
+  for (int64_t j = 0; j < L; j++)
     for (int64_t d = 0; d < D; ++d) acc[d] += s[j] * to_f(vrow[j][d]);
   for (int64_t d = 0; d < D; ++d) out[d] = from_f<T>(acc[d] / sum);
 }
@@ -119,11 +119,11 @@ void attend(const T* qp, int64_t q_stride, const T* kp, const T* vp, const int64
     s.resize(std::max<size_t>(s.size(), Lmax + 16));
     acc.resize(std::max<size_t>(acc.size(), D));
 #pragma omp for collapse(3) schedule(static)
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < B; b++) {
       for (int64_t g = 0; g < Hkv; ++g) {
         for (int64_t part = 0; part < parts; ++part) {
           const int64_t L = lp[b], h0 = g * G + part * per, h1 = std::min(g * G + G, h0 + per);
-          for (int64_t j = 0; j < L; ++j) {  // the slot list read once for all heads of the group
+          for (int64_t j = 0; j < L; j++) {  // the slot list read once for all heads of the group
             krow[j] = kp + (sp[b * Lmax + j] * Hkv + g) * D;
             vrow[j] = vp + (sp[b * Lmax + j] * Hkv + g) * D;
           }
@@ -163,7 +163,7 @@ void paged_decode_attention(TensorView q, TensorView k, TensorView v, TensorView
   const DLDataType dt = q.dtype();
   TVM_FFI_ICHECK(dt == k.dtype() && dt == v.dtype() && dt == out.dtype()) << "q, k, v, out must share a dtype";
   const int n = static_cast<int>(std::max<int64_t>(1, threads));
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), Lmax = slots.size(1);
+  const int64_t B = q.size(0), D = q.size(2), H = q.size(1), Hkv = k.size(1), Lmax = slots.size(1);
   const int64_t* sp = ptr<int64_t>(slots);
   const int32_t* lp = ptr<int32_t>(lens);
   const float sc = static_cast<float>(scale);

@@ -116,10 +116,11 @@ def expect_ends(cases, why: str, cost: PrefillCost = COST) -> None:
         time_left = ref.time_left
         want = ref.extend_end(r, left)
         ok = type(got) is int and got == want
+        hint = "" if ok else end_hint(r, left, got, time_left, cost)
         clock = f" after budget{batch} (time_left {time_left:g})" if batch else " on a fresh policy (time_left inf)"
         assert ok, (
             f"extend_end({shown(r)}, tokens_left={left!r}){clock}, cost {cost}, returned {got!r}, expected {want} "
-            f"({why}){end_hint(r, left, got, time_left, cost)}"
+            f"({why})" + ("\n" + hint.removeprefix(": ") if hint else "")  # its own line: the report cuts long ones
         )
 
 

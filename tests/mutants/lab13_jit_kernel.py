@@ -85,9 +85,12 @@ MUTANTS = [
                 "    out.copy_(o.reshape(B, H, D))\n",
             ),
         ),
-        must_fail=("faster_than_torch",),
-        hint="Is there torch (a gather",
-        why="the wrapper computes the attention with torch (right, and no faster than the torch path)",
+        # NOTE: faster_than_torch does not reliably catch it: a batched einsum runs close to 1.5x the
+        # engine's torch path (it failed in one CI run, passed in the next). Its indexing raises on the
+        # out-of-range slots of the bounds test instead, every time.
+        must_fail=("lengths_and_slots_at_their_bounds",),
+        hint="IndexError",
+        why="the wrapper computes the attention with torch (indexing the pool with slots it never checked)",
     ),
     Mutant(
         "cpp_syntax_error",

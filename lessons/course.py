@@ -20,6 +20,7 @@ GitHub, plain Python) the controls cannot work, so it always shows a static pict
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import math
 import textwrap
@@ -363,7 +364,7 @@ def _controls(ex: Explorer) -> Any:
             return
         status.value = _html_line(f"after {what}:")
         if isinstance(picture, str):
-            textview.value = "<pre>" + _escape(picture) + "</pre>"
+            textview.value = "<pre>" + html.escape(picture, quote=False) + "</pre>"
             textview.layout.display, image.layout.display = None, "none"
         else:
             image.value = png_bytes(picture)
@@ -423,12 +424,8 @@ def png_bytes(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def _html_line(text: str) -> str:
-    return "<code>" + _escape(text) + "</code>"
+    return "<code>" + html.escape(text, quote=False) + "</code>"
 
 
 def show(picture: Any) -> None:

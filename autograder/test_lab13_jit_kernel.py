@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from autograder.adapters import lab13 as lab
 from autograder.checks import first_token_difference
@@ -394,31 +395,49 @@ def _best_ms(fn, number: int = 3, repeats: int = 5) -> float:
     return best / number * 1e3
 
 
+def sdpa_path(q, k_pool, v_pool, slots, lens, scale: float) -> torch.Tensor:
+    """The best torch does here: the gathered rows through ``scaled_dot_product_attention`` (its fused
+    CPU kernel; 1.5-2x faster than the engine's torch path), the query heads of a KV head grouped."""
+    B, H, D = q.shape
+    kv_heads = k_pool.shape[1]
+    keys, values = k_pool[slots].transpose(1, 2), v_pool[slots].transpose(1, 2)  # [B, Hkv, L, D]
+    mask = (torch.arange(slots.shape[1]) < lens[:, None])[:, None, None, :]
+    qg = q.reshape(B, kv_heads, H // kv_heads, D)
+    return F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale).reshape(B, H, D)
+
+
+SPEEDUP = 1.25  # over the faster torch version; the reference kernel is 1.6x (0.64 ms vs 1.03 ms)
+
+
 @points(6)
 def test_faster_than_torch():
     """4 requests of 1,024 tokens, the embedded model's heads (9 over 3, head_dim 64), float32, pages of 16
-    scattered over the pool, one thread for both: your kernel at least 1.5x faster than the torch path
-    (the reference kernel is about 3x faster). Five rounds, each the best of five timings of both,
-    interleaved; the median round's speed-up counts."""
+    scattered over the pool, one thread for all: your kernel at least 1.25x faster than the best torch
+    version, the faster of the engine's torch path and ``scaled_dot_product_attention`` on the gathered
+    rows (the reference kernel is about 1.6x faster: it reads the rows where they lie, torch copies them
+    out first). Five rounds, each the best of five timings of each, interleaved; the median round's
+    speed-up counts."""
     c = make_case([1024] * 4, heads=(9, 3), dim=64, page=16, seed=22)
     expect(c, "the speed test's batch")  # points for speed only when the answer is right
+    assert _close(sdpa_path(*c.args()), reference(c), c.q.dtype), "the grader's torch baseline is wrong"
     fn = lab.kernel()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         yours = lambda: fn(*c.args())  # noqa: E731
-        torch_path = lambda: paged_decode_attention_torch(*c.args())  # noqa: E731
-        yours(), torch_path()  # warm-up
-        rounds = [(_best_ms(yours), _best_ms(torch_path)) for _ in range(5)]
+        engine_torch = lambda: paged_decode_attention_torch(*c.args())  # noqa: E731
+        sdpa = lambda: sdpa_path(*c.args())  # noqa: E731
+        yours(), engine_torch(), sdpa()  # warm-up
+        rounds = [(_best_ms(yours), min(_best_ms(engine_torch), _best_ms(sdpa))) for _ in range(5)]
     finally:
         torch.set_num_threads(threads)
     k_ms, t_ms = statistics.median_low(sorted(rounds, key=lambda r: r[1] / r[0]))
     speedup = t_ms / k_ms
-    assert speedup >= 1.5, (
-        f"speed: paged_decode_attention took {k_ms:.2f} ms on this batch, the torch path {t_ms:.2f} ms: "
-        f"{speedup:.2f}x faster, expected at least 1.5x. Is there torch (a gather, .contiguous() of the pool, a "
-        "matmul) in paged_decode_attention? The kernel should read the pool's rows where they lie; in C++, "
-        "a #pragma omp simd reduction on the dot product lets the compiler vectorise it"
+    assert speedup >= SPEEDUP, (
+        f"speed: paged_decode_attention took {k_ms:.2f} ms on this batch, the best torch version {t_ms:.2f} ms: "
+        f"{speedup:.2f}x faster, expected at least {SPEEDUP}x. Is there torch (a gather, .contiguous() of the "
+        "pool, a matmul) in paged_decode_attention? The kernel should read the pool's rows where they lie; in "
+        "C++, a #pragma omp simd reduction on the dot product lets the compiler vectorise it"
     )
 
 

@@ -212,11 +212,13 @@ def main(argv: list[str] | None = None) -> int:
                 pool.submit(grade_lab, s, folder, args.timeout, args.verbose, args.select, args.hidden, note): s
                 for s in stems
             }
+            unprinted = list(stems)  # each lab's line as soon as it and the labs before it are graded
             for done in as_completed(futures):
-                stem = futures[done]
-                runs[stem] = done.result()  # a GraderError stops the run
-                if runs[stem]["tests"]:  # each lab's line as soon as it is graded
-                    print(report.summary_line(runs[stem]["tests"]), flush=True)
+                runs[futures[done]] = done.result()  # a GraderError stops the run
+                while unprinted and unprinted[0] in runs:
+                    tests = runs[unprinted.pop(0)]["tests"]
+                    if tests:
+                        print(report.summary_line(tests), flush=True)
     except GraderError as e:
         print(f"autograder: {e}", file=sys.stderr)
         return 2

@@ -34,10 +34,17 @@ class RequestError(ValueError):
         self.param, self.code = param, code
 
 
+GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (SamplingParams)
+
+
 @dataclass
 class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` means greedy; ``top_k <= 0`` and ``top_p == 1``
-    disable those filters. ``seed`` makes a sampled request repeatable whatever it is batched with.
+    """How to pick tokens. ``temperature == 0`` means greedy, and so does any temperature below
+    ``GREEDY_BELOW`` (1e-5, vLLM's and SGLang's bound): dividing logits by it would overflow float32
+    (1e-45 is a float32 denormal), and its distribution is one-hot anyway. ``top_k <= 0`` and
+    ``top_p == 1`` disable those filters; the most likely token always passes top-p (a ``top_p`` that
+    rounds to 0 in float32, such as 1e-46, keeps it alone). ``seed`` makes a sampled request
+    repeatable whatever it is batched with.
     ``max_tokens=None`` (left out): up to the end of the context (or of the KV pool, whichever is
     smaller); a prompt plus a given ``max_tokens`` beyond the context is refused, as OpenAI does."""
 
@@ -65,7 +72,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
 
 FinishReason = Literal["stop", "length", "abort"]

@@ -179,6 +179,40 @@ def test_stats_after_requests(server):
     assert set(s["server"]["processes"]) >= {"api_server", "scheduler", "tokenizer", "detokenizer"}
 
 
+def test_a_long_prompt_does_not_hold_up_short_ones(server):
+    """The freeze: an idle server once prefilled a long prompt in one step, requests arriving behind it
+    waited for all of it, and /health called the server hung. With steps bounded in time (--step-time,
+    0.5 s on a CPU by default) the short ones start beside its next chunk and finish before its first
+    token, and /health answers 200 all along. (An order, not a time: it holds on a loaded machine.)"""
+    import random
+    import threading
+    import time
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    done: list[str] = []
+
+    def generate(name: str, ids: list[int], n: int) -> None:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "ignore_eos": True}}
+        r = httpx.post(f"{server.url}/generate", json=body, headers=headers, timeout=600)
+        done.append(name if r.status_code == 200 else f"{name}: {r.status_code} {r.text[:200]}")
+
+    rng = random.Random(5)
+    threads = [threading.Thread(target=generate, args=("long", [rng.randrange(3, 10000) for _ in range(2000)], 1))]
+    threads[0].start()
+    time.sleep(0.5)  # the long prompt's first chunk is running
+    for i in range(3):
+        threads.append(threading.Thread(target=generate, args=(f"short{i}", [rng.randrange(3, 10000)] * 8, 2)))
+        threads[-1].start()
+    health = []
+    while threads[0].is_alive():
+        health.append(httpx.get(f"{server.url}/health", timeout=30).status_code)
+        time.sleep(0.2)
+    for t in threads:
+        t.join()
+    assert done[-1] == "long" and sorted(done[:-1]) == ["short0", "short1", "short2"], done
+    assert set(health) == {200}, health
+
+
 # ---- bad input: (name, method, path, body or raw bytes, headers override, status) ---------------
 LONG = [100] * 9000  # the embedded model's context is 8192 tokens
 OK_CHAT = {"messages": QUESTION, "max_tokens": 4}

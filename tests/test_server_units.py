@@ -134,7 +134,8 @@ def test_engine_flags_come_from_the_config_fields():
     from minisgl.engine.config import EngineConfig, cli_fields
 
     defaults = {f.name: f.default for f in fields(EngineConfig)}
-    assert parse_args([]).engine == {f.name: defaults[f.name] for f in cli_fields()}
+    server = {**defaults, "step_time": "auto"}  # the one server-only default: a server bounds its steps in time
+    assert parse_args([]).engine == {f.name: server[f.name] for f in cli_fields()}
     for module in (offline, long_prompt, profile):
         with pytest.raises(SystemExit) as e:
             module.main(["--help"])

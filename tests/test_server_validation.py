@@ -201,6 +201,40 @@ def test_generate_temperature_is_bounded_as_openai(http, temperature, status):
     assert r.status_code == status, f"chat temperature {temperature}: {r.status_code}"
 
 
+def test_sampling_values_too_small_for_float32_act_as_their_limit(http):
+    """temperature 1e-45 and top_p 1e-46 / 5e-324 (0 in float32) once gave the same garbage token forever;
+    they are greedy now (a temperature below 1e-5 is greedy; the most likely token always passes top-p)."""
+    prompt = [5, 6, 7, 8, 9]
+    greedy = send(http, COMPLETIONS, {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+    want = greedy.json()["choices"][0]["text"]
+    for extra in ({"temperature": 1e-45}, {"temperature": 1.0, "top_p": 1e-46}, {"temperature": 1.0, "top_p": 5e-324}):
+        body = {"prompt": prompt, "max_tokens": 6, "ignore_eos": True, "seed": 3, **extra}
+        r = send(http, COMPLETIONS, body)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, (extra, r.text[:300])
+
+
+@pytest.mark.parametrize("bad", [-1, 49152, 2**31 - 1])
+def test_out_of_vocabulary_stop_token_ids_are_a_400(http, bad):
+    for path, body in [
+        (COMPLETIONS, {"prompt": [5, 6], "max_tokens": 1, "stop_token_ids": [3, bad]}),
+        (GENERATE, {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1, "stop_token_ids": [bad]}}),
+    ]:
+        r = send(http, path, body)
+        assert r.status_code == 400, f"{path} stop_token_ids [{bad}]: {r.status_code} {r.text[:200]}"
+        assert error_of(r)["param"] == "stop_token_ids" and str(bad) in error_of(r)["message"]
+
+
+def test_a_huge_wrong_input_is_refused_fast_and_short(http):
+    body = {"input_ids": ["x"] * 100_000, "sampling_params": {"max_new_tokens": 1}}
+    start = time.monotonic()
+    r = send(http, GENERATE, body)
+    took = time.monotonic() - start
+    assert r.status_code == 400 and len(r.content) < 2000, (r.status_code, len(r.content))
+    assert error_of(r)["param"] == "input_ids.0", error_of(r)
+    # generous for a loaded machine: it took seconds when every element's error was built and listed
+    assert took < 3.0, f"refusing 100k wrong ids took {took:.1f} s"
+
+
 def test_prompt_plus_max_tokens_beyond_the_context(http):
     """A given max_tokens that does not fit is a 400 context_length_exceeded on every route; left
     out (chat), the answer runs to the end of the context."""

@@ -2,6 +2,7 @@
 
     python -m minisgl.benchmark.long_prompt                      # embedded model: the default budget, 512, unlimited
     python -m minisgl.benchmark.long_prompt --chunks 512 none --prompt-len 8192
+    python -m minisgl.benchmark.long_prompt --chunks auto --step-time 0.5   # steps bounded in time
 
 For each chunk size (``--max-prefill-length``), in a fresh process:
   peak   the memory the forward passes took on top of what was in use before the long prompt
@@ -30,7 +31,12 @@ def measure(args: argparse.Namespace, chunk: int | str | None) -> dict:
     from minisgl import LLM, SamplingParams
 
     llm = LLM(
-        args.model, dtype=args.dtype, max_prefill_length=chunk, page_size=args.page_size, dummy_weight=args.dummy_weight
+        args.model,
+        dtype=args.dtype,
+        max_prefill_length=chunk,
+        page_size=args.page_size,
+        dummy_weight=args.dummy_weight,
+        step_time=args.step_time,
     )
     sched = llm.scheduler
     rng = random.Random(0)
@@ -39,6 +45,7 @@ def measure(args: argparse.Namespace, chunk: int | str | None) -> dict:
     result = long_prompt_during_decodes(sched, [rng.randrange(3, 10000) for _ in range(args.prompt_len)], decoders)
     return dict(
         chunk=chunk,
+        step_time=llm.config.step_time,
         prompt_len=args.prompt_len,
         peak_mib=result["peak_bytes"] / 2**20,
         max_gap_ms=result["max_gap_s"] * 1e3,
@@ -131,7 +138,7 @@ class PeakRSS:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_engine_args(ap, ["model", "dummy_weight", "dtype", "page_size"])
+    add_engine_args(ap, ["model", "dummy_weight", "dtype", "page_size", "step_time"])
     ap.add_argument("--prompt-len", type=int, default=4096)
     ap.add_argument(
         "--chunks",
@@ -160,13 +167,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             args.dtype,
         ]
         cmd += ["--page-size", str(args.page_size)] if args.page_size else []
+        cmd += ["--step-time", str(args.step_time)] if args.step_time is not None else []
         cmd += ["--model", args.model] if args.model else []
         cmd += ["--dummy-weight"] if args.dummy_weight else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         r = rows[-1]
         print(
-            f"chunk {str(r['chunk']):>9}: peak {r['peak_mib']:8.1f} MiB   max decode gap {r['max_gap_ms']:8.1f} ms"
+            f"chunk {str(r['chunk']):>9}, step time {r['step_time']}: peak {r['peak_mib']:8.1f} MiB   "
+            f"max decode gap {r['max_gap_ms']:8.1f} ms"
             f"   prompt TTFT {r['ttft_s']:.2f} s",
             flush=True,
         )

@@ -226,6 +226,7 @@ ENGINE_FLAGS = [
     "tp_size",
     "max_running_requests",
     "max_prefill_length",
+    "step_time",
     "cuda_graph_max_bs",
     "num_pages",
 ]

@@ -24,6 +24,8 @@ FLASHINFER_PAGE_SIZE = 64
 # 2-core CI machine, with the embedded model, an 8,000-token prompt stalled running streams for 32.6 s
 # unchunked; measured worst gaps by chunk size are in minisgl/README.md ("Chunked prefill, CPU").
 GPU_PREFILL_LENGTH, CPU_PREFILL_LENGTH = 8192, 128
+# --step-time auto on a CPU: a prefill batch's target (minisgl.scheduler.timed.AdaptiveChunking)
+CPU_STEP_TIME_S = 0.5
 
 
 def option(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None, cli: bool = True, parse=None):
@@ -113,6 +115,14 @@ class EngineConfig:
         "prompt tokens per prefill batch while no request decodes (nobody waits on it then)",
         cli=False,
     )
+    step_time: float | str | None = option(
+        None,
+        "target seconds of a prefill batch: chunks are sized by the prefill speed measured as the engine runs, "
+        "idle or not, so a long prompt never holds the other requests for longer (auto: 0.5 on CPUs, off on "
+        "GPUs; the server's default is auto, the offline LLM's none)",
+        "--step-time",
+        parse=lambda t: t.strip().lower() if t.strip().lower() in ("auto", "none") else float(t),
+    )
     mixed_chunk: bool = option(
         False,
         "decoding requests ride in prefill batches (one token each) instead of a decode step between two "
@@ -132,7 +142,11 @@ class EngineConfig:
     cuda_graph_max_bs: int | None = option(None, "largest CUDA-graph batch (default: from memory; 0 = off)")
     dummy_weight: bool = option(False, "random weights (benchmarks without a checkpoint)")
     max_seq_len: int | None = option(
-        None, "cap on prompt + output tokens (default: the model's)", "--max-seq-len", "--max-seq-len-override"
+        None,
+        "cap on prompt + output tokens (default: the model's)",
+        "--max-seq-len",
+        "--max-seq-len-override",
+        "--context-length",
     )
     seed: int = option(0, "seeds the seeds drawn for unseeded sampled requests", cli=False)
     debug_checks: bool = option(False, "check every memory invariant after each step (slow)", cli=False)
@@ -158,9 +172,15 @@ class EngineConfig:
         if self.idle_prefill_length == "auto":  # the auto budget: GPU_PREFILL_LENGTH, else as when busy
             auto = self.max_prefill_length == "auto"
             self.idle_prefill_length = GPU_PREFILL_LENGTH if auto else self.max_prefill_length
-        if self.max_prefill_length == "auto":
+        if self.step_time == "auto":
+            self.step_time = None if self.torch_device.type == "cuda" else CPU_STEP_TIME_S
+        if self.step_time in ("none", 0, 0.0):
+            self.step_time = None
+        if self.step_time is not None and not (isinstance(self.step_time, (int, float)) and self.step_time > 0):
+            raise ValueError(f"step_time must be > 0 seconds, auto or None, got {self.step_time!r}")
+        if self.max_prefill_length == "auto":  # with a step time, the time bounds a batch, not a CPU's small budget
             cuda = self.torch_device.type == "cuda"
-            self.max_prefill_length = GPU_PREFILL_LENGTH if cuda else CPU_PREFILL_LENGTH
+            self.max_prefill_length = GPU_PREFILL_LENGTH if cuda or self.step_time else CPU_PREFILL_LENGTH
         for name in ("max_prefill_length", "idle_prefill_length"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

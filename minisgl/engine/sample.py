@@ -112,6 +112,7 @@ def filter_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
         # p = 1 keeps every token: a float32 cumsum can reach 1 before the tail, and a row's filter must not
         # depend on whether another row of its batch needs top-p
         drop |= (before >= info.top_p[:, None]) & (info.top_p[:, None] < 1.0)
+        drop[:, 0] = False  # the most likely token always passes: a top_p that rounds to 0 would drop every one
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

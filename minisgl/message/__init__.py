@@ -4,9 +4,9 @@ Every message is a dataclass named ``*Msg``; :func:`encode` / :func:`decode` tur
 bytes and back (nested dataclasses included, tagged with their class name). One ZMQ PUSH/PULL
 pipe per hop, so messages on a hop arrive in the order they were sent::
 
-    API server --TokenizeMsg, AbortMsg, StatsReqMsg, PingMsg--> tokenizer
-    tokenizer  --ReadyMsg, GenerateMsg, AbortMsg, StatsReqMsg, PingMsg--> scheduler (rank 0)
-    tokenizer  --ErrorMsg----------------------------> API server   (bad input caught early)
+    API server --TokenizeMsg, AbortMsg, StatsReqMsg, FlushCacheReqMsg, TextReqMsg, PingMsg--> tokenizer
+    tokenizer  --ReadyMsg, GenerateMsg, AbortMsg, StatsReqMsg, FlushCacheReqMsg, PingMsg--> scheduler (rank 0)
+    tokenizer  --ErrorMsg, TextMsg-------------------> API server   (bad input caught early; /v1/tokenize)
     scheduler  --BatchTokenMsg, ErrorMsg, StatsMsg, ReadyMsg, PingMsg, BusyMsg--> detokenizer
     detokenizer --BatchReplyMsg (+ the others, forwarded as they are)--> API server
 
@@ -84,6 +84,30 @@ class StatsReqMsg:
     uid: int  # the reply (StatsMsg) carries it back
 
 
+@_register
+@dataclass
+class FlushCacheReqMsg:
+    """Empty the prefix cache (``POST /flush_cache``). The scheduler answers with a ``StatsMsg`` of the
+    same uid (``{"flushed": bool, "message": str, "freed_tokens": int}``): the reply travels the stats
+    path, through the detokenizer, so no stage needs a new kind of message to pass on."""
+
+    uid: int
+
+
+@_register
+@dataclass
+class TextReqMsg:
+    """``/v1/tokenize`` (``texts`` set) or ``/v1/detokenize`` (``token_ids`` set): exactly one of them.
+    The tokenizer worker, which holds the tokenizer, answers with a ``TextMsg`` straight to the API
+    server; nothing reaches the scheduler."""
+
+    uid: int
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+    add_special_tokens: bool = True  # encoding: the BOS (etc.) the model's tokenizer adds
+    skip_special_tokens: bool = True  # decoding: leave special tokens out of the text
+
+
 # ---- tokenizer -> scheduler ------------------------------------------------------------------
 @_register
 @dataclass
@@ -154,8 +178,22 @@ class ErrorMsg:
 @_register
 @dataclass
 class StatsMsg:
+    """The scheduler's answer to a ``StatsReqMsg`` or a ``FlushCacheReqMsg``."""
+
     uid: int
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+@_register
+@dataclass
+class TextMsg:
+    """The tokenizer worker's answer to a ``TextReqMsg``: one entry per input (``token_ids`` for
+    texts, ``texts`` for token ids), or ``error`` (the input's fault: a 400) and nothing else."""
+
+    uid: int
+    token_ids: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    error: str | None = None
 
 
 @_register
@@ -263,12 +301,15 @@ __all__ = [
     "BatchTokenMsg",
     "BusyMsg",
     "ErrorMsg",
+    "FlushCacheReqMsg",
     "GenerateMsg",
     "PingMsg",
     "ReadyMsg",
     "ReplyMsg",
     "StatsMsg",
     "StatsReqMsg",
+    "TextMsg",
+    "TextReqMsg",
     "TokenMsg",
     "TokenizeMsg",
     "decode",

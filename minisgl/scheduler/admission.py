@@ -54,7 +54,7 @@ class AdmissionContext:
         self._cache, self._table, self._policy, self._chunking = cache, table, policy, chunking
         self.tokens_left = tokens_left  # new tokens this batch may still compute (inf: no budget)
         self.reserved_pages = sum(self._reservation(r, r.alloc_len) for r in running)  # promised to admitted ones
-        self.extends: list[Extend] = []  # this batch so far (a continued chunk first)
+        self.extends: list[Extend] = []  # this batch so far (a continued chunk first, or after its joiners)
         self.cut: Req | None = None  # the request whose prompt this batch cuts (it continues next batch)
         self._matches: dict[Req, MatchResult] = {}
 

@@ -73,5 +73,10 @@ class PrefillCost:
 
 
 CHUNKING_POLICIES: Registry[type[ChunkingPolicy]] = Registry(
-    "chunking policy", {"default": GreedyChunking, "timed": "minisgl.scheduler.timed:TimedChunking"}
+    "chunking policy",
+    {
+        "default": GreedyChunking,  # with step_time set (the server's default on a CPU): "adaptive"
+        "timed": "minisgl.scheduler.timed:TimedChunking",
+        "adaptive": "minisgl.scheduler.timed:AdaptiveChunking",
+    },
 )

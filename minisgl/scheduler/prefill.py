@@ -50,10 +50,18 @@ class PrefillManager:
         (and wait for this batch)."""
         budget = self.chunking.budget(*self.budgets, num_decoding)
         ctx = AdmissionContext(self.cache, self.table, self.admission, self.chunking, running, budget)
+        # AdaptiveChunking: while a prompt is chunked, the waiting ones that fit whole in half the batch go
+        # first (none is cut), then the chunk takes what is left; then, if its last piece leaves room, the rest
+        alongside = getattr(self.chunking, "alongside", None)
+        joiners = alongside(list(self.pending)) if self.chunked and alongside and self.pending else []
+        if joiners:
+            self.admission.admit(joiners, ctx)
+            assert ctx.cut is None and ctx.tokens_left > 0, "a prompt joining a chunk must fit whole"
         if self.chunked is not None:
             ctx.add_extend(self.chunked)
-        if ctx.has_room and self.pending:
-            self.admission.admit(list(self.pending), ctx)
+        rest = [r for r in self.pending if not r.is_admitted]
+        if ctx.has_room and rest:
+            self.admission.admit(rest, ctx)
         admitted = {id(x.req) for x in ctx.extends if x.req is not self.chunked}
         if admitted:
             self.pending = deque(r for r in self.pending if id(r) not in admitted)

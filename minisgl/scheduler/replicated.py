@@ -39,7 +39,7 @@ MAIN_GUARD_HINT = (
 
 @dataclass
 class Command:
-    kind: Literal["add", "abort", "flush", "eos", "stop"]
+    kind: Literal["add", "abort", "flush", "eos", "pace", "stop"]
     arg: Any = None
 
 
@@ -52,6 +52,8 @@ def apply(sched: Scheduler, cmd: Command) -> None:
         sched.flush_cache()
     elif cmd.kind == "eos":
         sched.add_eos_ids(cmd.arg)
+    elif cmd.kind == "pace":  # rank 0's measured prefill speed (AdaptiveChunking)
+        sched.chunking.calibrate(cmd.arg)
     else:
         raise ValueError(f"unknown command {cmd.kind!r}")
 
@@ -63,6 +65,8 @@ class ReplicatedScheduler(Scheduler):
     def __init__(self, config: EngineConfig, engine: Engine | None = None):
         super().__init__(config, engine)
         self._log: list[Command] = []
+        if hasattr(self.chunking, "on_pace"):  # the prefill speed measured here: every rank sizes by it
+            self.chunking.on_pace = lambda scale: self._log.append(Command("pace", scale))
 
     def add(self, req: Req) -> Req:
         super().add(req)
@@ -101,6 +105,8 @@ class LeaderGone(RuntimeError):
 def follow(sched: Scheduler) -> None:
     """Ranks 1..N-1: apply rank 0's commands and step whenever there is work, until told to stop
     (or until rank 0 is gone: ``LeaderGone``)."""
+    if hasattr(sched.chunking, "measures"):  # its own step times differ from rank 0's: it takes rank 0's "pace"
+        sched.chunking.measures = False
     while True:
         try:
             (commands,) = broadcast_objects(None)

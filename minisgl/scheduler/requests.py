@@ -29,6 +29,9 @@ def make_request(
     bad = next((t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
     if bad is not None:
         raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad!r}", "prompt")
+    bad = next((t for t in sampling.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+    if bad is not None:
+        raise RequestError(f"stop_token_ids must be in [0, {vocab}); got {bad!r}", "stop_token_ids")
     max_len, pool = engine.max_seq_len, engine.num_pages * cache.page_size
     if n >= max_len:
         raise RequestError(

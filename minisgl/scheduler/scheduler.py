@@ -52,7 +52,8 @@ class Scheduler:
         self.device, self.page_size = e.device, config.page_size
         self.table = e.table
         self.cache = CacheManager(e.num_pages, config.page_size, config.cache_type, self.table, parts.allocator)
-        self.chunking = CHUNKING_POLICIES.get(parts.chunking)()
+        timed = parts.chunking == "default" and config.step_time is not None  # steps bounded in seconds
+        self.chunking = CHUNKING_POLICIES.get("adaptive" if timed else parts.chunking)()
         self.admission = ADMISSION_POLICIES.get(parts.admission)()
         budgets = (config.max_prefill_length, config.idle_prefill_length)
         self.prefill = PrefillManager(self.cache, self.table, budgets, self.admission, self.chunking)
@@ -62,6 +63,9 @@ class Scheduler:
         self.eos_ids: set[int] = set(e.model_config.eos_token_ids)
         self.stats = CacheStats()
         self.observers: list[BatchObserver] = []  # called with a BatchEvent per processed batch
+        if hasattr(self.chunking, "observe"):  # AdaptiveChunking measures the steps it sizes
+            self.chunking.target_s = config.step_time or self.chunking.target_s
+            self.observers.append(self.chunking.observe)
         self._after_chunk = False
         self._sampled: tuple[torch.Tensor, torch.Tensor] | None = None
         self._seed_rng = random.Random(config.seed)

@@ -1,12 +1,16 @@
 """Chunks of equal time (``components={"chunking": "timed"}``): the chunking policy sized by a fitted
-``PrefillCost`` rather than by a token count (lab 07 asks for it; ``chunking.py`` states the seam)."""
+``PrefillCost`` rather than by a token count (lab 07 asks for it; ``chunking.py`` states the seam); and
+``"adaptive"``, the same in seconds, measured as it runs (what ``--step-time`` turns on)."""
 
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Callable
 
 from minisgl.core import Req
 from minisgl.scheduler.chunking import ChunkingPolicy, PrefillCost
+from minisgl.scheduler.events import BatchEvent
 
 
 def chunk_time(cost: PrefillCost, start: int, end: float) -> float:
@@ -64,3 +68,64 @@ class TimedChunking(ChunkingPolicy):
 
     def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
         return after_chunk and num_decodable > 0
+
+
+class AdaptiveChunking(TimedChunking):
+    """Prefill batches of about ``target_s`` seconds (``--step-time``), idle or not, on any machine: the
+    cost model's shape is ``TimedChunking``'s, its scale (seconds per unit) is measured as the engine runs,
+    from the last ``WINDOW`` prefill batches (their seconds over their units, so large batches weigh more).
+    Until the first measurement a batch is at most ``FIRST_TOKENS`` (a small, safe first step). Token budgets
+    still cap every batch. The scheduler feeds ``observe`` every processed batch. Tensor-parallel ranks must
+    all decide alike: rank 0 measures and logs each new scale (``on_pace``), the others (``measures =
+    False``) ``calibrate`` to it."""
+
+    WINDOW = 8
+    FIRST_TOKENS = 128  # the most a batch computes before any measurement (CPU_PREFILL_LENGTH)
+    measures = True  # False on tensor-parallel ranks 1..N-1
+    on_pace: Callable[[float], None] | None = None  # called with each new scale measured here
+
+    def __init__(self, cost: PrefillCost | None = None, target_s: float = 0.5):
+        super().__init__(cost)
+        self.target_s = target_s
+        self.seconds_per_unit: float | None = None  # the scale in use (None: not measured yet)
+        self._tokens = math.inf  # the token budget of the batch being built
+        self._samples: deque[tuple[float, float]] = deque(maxlen=self.WINDOW)  # (units, seconds)
+
+    def budget(self, busy: float, idle: float, num_decoding: int) -> float:
+        tokens = busy if num_decoding else idle
+        if self.seconds_per_unit is None:
+            tokens, self.time_left = min(tokens, self.FIRST_TOKENS), math.inf
+        else:
+            self.time_left = self.target_s / self.seconds_per_unit
+        self._tokens = tokens
+        return tokens
+
+    def alongside(self, waiting: list[Req]) -> list[Req]:
+        """While a long prompt is being chunked, the waiting requests (in order) that may start in the next
+        batch before its next chunk: each whole, all together within half the batch's time and tokens, so
+        a short request arriving behind a long one starts within a step instead of after the whole prompt.
+        (Called after ``budget``.)"""
+        time_left, tokens_left, joiners = self.time_left / 2, self._tokens / 2, []
+        for req in waiting:
+            need = chunk_time(self.cost, 0, req.device_len)
+            if need > time_left or req.device_len > tokens_left:
+                break
+            joiners.append(req)
+            time_left, tokens_left = time_left - need, tokens_left - req.device_len
+        return joiners
+
+    def observe(self, ev: BatchEvent) -> None:
+        """Rescale from a processed prefill batch's time (a decode batch says nothing about prefill speed)."""
+        # the whole step, planning to tokens (on a CPU the forward pass runs inside the launch)
+        seconds = ev.t_done - ev.t_scheduled
+        if not self.measures or ev.kind != "prefill" or ev.t_scheduled <= 0 or seconds <= 0:
+            return
+        units = sum(chunk_time(self.cost, s, e) for s, e in zip(ev.starts, ev.ends))
+        self._samples.append((units, seconds))
+        scale = sum(t for _, t in self._samples) / sum(u for u, _ in self._samples)
+        self.calibrate(scale)
+        if self.on_pace is not None:
+            self.on_pace(scale)
+
+    def calibrate(self, seconds_per_unit: float) -> None:
+        self.seconds_per_unit = seconds_per_unit

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ examples:
 # work between steps (tokenizing an 8 MiB prompt takes seconds). A long step is excused apart
 # (BusyMsg), so it need not cover one: a CPU prefill of 8k tokens takes a minute.
 HEALTH_TIMEOUT_S = 10.0
+SSE_KEEPALIVE_S = 10.0  # --sse-keepalive: under common client read timeouts (30-60 s), and cheap
 
 
 @dataclass
@@ -41,9 +43,12 @@ class ServerArgs:
     max_connections: int | None = None  # None: DEFAULT_MAX_CONNECTIONS, or what the open-file limit allows
     request_timeout: float | None = None  # seconds; None: requests may run as long as they need
     health_timeout: float = HEALTH_TIMEOUT_S
+    sse_keepalive: float = SSE_KEEPALIVE_S  # seconds without a byte before a stream gets a comment; 0: off
     nnodes: int = 1  # machines the TP ranks spread over; node 0 runs the API server and rank 0
     node_rank: int = 0
     dist_init_addr: str | None = None  # host:port of node 0's rendezvous (required with nnodes > 1)
+    served_model_name: str | None = None  # the name clients see; None: --model as given (SGLang's flag)
+    trust_remote_code: bool = False  # accepted for SGLang's command lines; never acted on
 
     @property
     def detokenizer(self) -> str:
@@ -140,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         "registered in minisgl.tokenizer.detokenizer.DETOKENIZERS, or 'module:attr' of a TextStreams "
         "(default %(default)s)",
     )
+    ap.add_argument(
+        "--sse-keepalive",
+        type=float,
+        default=SSE_KEEPALIVE_S,
+        metavar="S",
+        help="a stream with nothing to send for S seconds (queued, or between two tokens) gets an SSE comment "
+        "line, so that clients' read timeouts do not fire; it begins after S s even if its first token has not "
+        "come (default %(default)s; 0 = off)",
+    )
     nodes = ap.add_argument_group("several machines (tensor parallelism across nodes)")
     nodes.add_argument("--nnodes", type=int, default=1, help="machines the --tp ranks spread over (default 1)")
     nodes.add_argument(
@@ -151,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="an address of node 0 that every node reaches, where the ranks meet (required with --nnodes > 1)",
     )
-    add_engine_args(ap.add_argument_group("engine"))
+    add_engine_args(ap.add_argument_group("engine"), step_time="auto")  # a server bounds its steps in time
+    add_sglang_args(ap)
     return ap
 
 
@@ -159,6 +174,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     ap = build_parser()
     ns = ap.parse_args(argv)
     engine = engine_kwargs(ns)
+    apply_sglang_args(ap, ns, engine)
     if ns.detokenizer != "default":
         from minisgl.tokenizer.detokenizer import text_streams
 
@@ -183,6 +199,8 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         ap.error(f"--request-read-timeout must be > 0 seconds, got {ns.request_read_timeout}")
     if ns.max_connections is not None and ns.max_connections < 1:
         ap.error(f"--max-connections must be >= 1, got {ns.max_connections}")
+    if not 0 <= ns.sse_keepalive < float("inf"):  # also refuses nan
+        ap.error(f"--sse-keepalive must be >= 0 seconds (0 = off), got {ns.sse_keepalive}")
     check_nodes(ap, ns, engine.get("tp_size", 1))
     return ServerArgs(
         engine,
@@ -196,9 +214,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         max_sequences_per_request=ns.max_sequences_per_request,
         request_timeout=ns.request_timeout,
         health_timeout=ns.health_timeout,
+        sse_keepalive=ns.sse_keepalive,
         nnodes=ns.nnodes,
         node_rank=ns.node_rank,
         dist_init_addr=ns.dist_init_addr,
+        served_model_name=ns.served_model_name,
+        trust_remote_code=ns.trust_remote_code,
     )
 
 
@@ -227,3 +248,79 @@ def _seconds(text: str) -> float:
     if not 0 < value < float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+# ---- SGLang's spellings (python -m sglang.launch_server) -------------------------------------------
+# SGLang's values of our flags that mean the same (the flags themselves, where they mean the same as
+# ours, are aliases in EngineConfig's flag tuples: --model-path, --tp, --context-length, ...)
+SGLANG_VALUES = {"dtype": {"half": "float16", "float": "float32"}, "attention_backend": {"torch_native": "torch"}}
+MEM_FRACTION_REFUSED = (
+    "--mem-fraction-static is not supported: in SGLang it is the share of the GPU's whole memory that the "
+    "weights and the KV pool take together; minisgl's --memory-ratio R gives the KV pool R of the memory still "
+    "free once the weights are loaded (default 0.9). Use --memory-ratio, or --max-total-tokens N (or --num-pages N)"
+)
+
+
+def add_sglang_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("SGLang's flags (those that mean the same as ours are aliases above)")
+    name_help = "the model name /v1/models and responses report, and requests may name (default: --model as given)"
+    g.add_argument("--served-model-name", metavar="NAME", help=name_help)
+    trust_help = "accepted and ignored: minisgl never runs code from a model folder (it implements each architecture)"
+    g.add_argument("--trust-remote-code", action="store_true", help=trust_help)
+    chunk_help = "--max-prefill-length N, a fixed budget of N tokens (no --step-time); -1: no chunking"
+    g.add_argument("--chunked-prefill-size", type=int, metavar="N", help=chunk_help)
+    pool_help = "KV pool size in tokens: --num-pages N / page size (rounded down to whole pages)"
+    g.add_argument("--max-total-tokens", type=int, metavar="N", help=pool_help)
+    g.add_argument("--disable-radix-cache", action="store_true", help="--cache-type naive (no prefix sharing)")
+    g.add_argument("--disable-cuda-graph", action="store_true", help="--cuda-graph-max-bs 0")
+    g.add_argument("--random-seed", type=int, metavar="N", help="seeds the engine (unseeded sampling, dummy weights)")
+    g.add_argument("--mem-fraction-static", type=float, metavar="F", help="refused: see --memory-ratio")
+    for action in ap._actions:  # SGLang's names for some of our flags' values (argparse lists no actions publicly)
+        table = SGLANG_VALUES.get(action.dest)
+        if table is not None:
+            action.type = _translating(table)
+
+
+def _translating(table: dict[str, str]) -> Callable[[str], str]:
+    def value(text: str) -> str:  # each part of a "PREFILL,DECODE" pair on its own
+        return ",".join(table.get(part, part) for part in text.split(","))
+
+    return value
+
+
+def apply_sglang_args(ap: argparse.ArgumentParser, ns: argparse.Namespace, engine: dict[str, Any]) -> None:
+    """Turn SGLang's flags into ``engine``'s keyword arguments, or exit with a usage error naming ours."""
+    from minisgl.attention import BACKENDS
+
+    if ns.mem_fraction_static is not None:
+        ap.error(MEM_FRACTION_REFUSED)
+    if ns.served_model_name is not None and not ns.served_model_name.strip():
+        ap.error("--served-model-name must not be empty")
+    n = ns.chunked_prefill_size
+    if n is not None:
+        if engine.get("max_prefill_length") != "auto":
+            ap.error("give one of --chunked-prefill-size (SGLang's name) and --max-prefill-length")
+        if n == 0 or n < -1:
+            ap.error(f"--chunked-prefill-size must be >= 1, or -1 for no chunking; got {n}")
+        engine["max_prefill_length"] = None if n == -1 else n
+        if engine.get("step_time") == "auto":  # the server's default: chunks sized by time, not N tokens
+            engine["step_time"] = None
+    if ns.max_total_tokens is not None:
+        if engine.get("num_pages") is not None:
+            ap.error("give one of --max-total-tokens (SGLang's, in tokens) and --num-pages (in pages)")
+        try:
+            page = EngineConfig.from_kwargs(**engine).page_size  # resolved here, pinned below
+        except (ValueError, TypeError) as e:
+            ap.error(str(e))
+        if ns.max_total_tokens < page:
+            ap.error(f"--max-total-tokens must be at least one page ({page} tokens), got {ns.max_total_tokens}")
+        engine["page_size"], engine["num_pages"] = page, ns.max_total_tokens // page
+    engine.update({"cache_type": "naive"} if ns.disable_radix_cache else {})
+    engine.update({"cuda_graph_max_bs": 0} if ns.disable_cuda_graph else {})
+    engine.update({"seed": ns.random_seed} if ns.random_seed is not None else {})
+    backend = str(engine.get("attention_backend", "auto"))
+    if backend != "auto" and not all(part in BACKENDS for part in backend.split(",")):
+        ap.error(
+            f"--attention-backend {backend}: unknown; minisgl has {', '.join(BACKENDS.names())} (or flashinfer, fa, "
+            "torch_native), a PREFILL,DECODE pair of them, or auto; SGLang's triton, flashmla, trtllm, ... it has not"
+        )

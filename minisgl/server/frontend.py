@@ -18,6 +18,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from minisgl.message import (
@@ -26,10 +27,13 @@ from minisgl.message import (
     BatchReplyMsg,
     BusyMsg,
     ErrorMsg,
+    FlushCacheReqMsg,
     PingMsg,
     ReadyMsg,
     StatsMsg,
     StatsReqMsg,
+    TextMsg,
+    TextReqMsg,
     TokenizeMsg,
     encode,
 )
@@ -43,8 +47,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("minisgl.server")
 
 STATS_TIMEOUT_S = 10.0
+# /v1/tokenize: the tokenizer worker answers after the prompts queued before it (an 8 MiB prompt
+# takes seconds to tokenize), so it gets longer than a stats request
+TEXT_TIMEOUT_S = 60.0
 READY_PARTS = {"tokenizer", "scheduler"}
-ACCEPTS = (BatchReplyMsg, ErrorMsg, StatsMsg, ReadyMsg, PingMsg, BusyMsg)  # from the detokenizer (and tokenizer)
+# from the detokenizer (and the tokenizer: ErrorMsg, TextMsg)
+ACCEPTS = (BatchReplyMsg, ErrorMsg, StatsMsg, TextMsg, ReadyMsg, PingMsg, BusyMsg)
 PING_EVERY_S = 1.0
 MAX_STEP_S = 300.0  # a step longer than this is a hang, busy or not (CPU: an 8k-token prefill ~60 s)
 
@@ -67,7 +75,9 @@ class Frontend:
         self.text_streams = text_streams(detokenizer)  # its stop_strings class cuts each sequence's text
         self.request_timeout, self.health_timeout = request_timeout, health_timeout
         self.routes: dict[int, asyncio.Queue] = {}  # uid -> queue of the HTTP request that owns it
+        # uid -> the HTTP request waiting for one answer (StatsMsg, TextMsg): stats, flush, tokenize
         self.stats_waiters: dict[int, asyncio.Future] = {}
+        self.served_model_name: str | None = None  # --served-model-name (set by the launcher)
         self.workers: dict[str, dict] = {}  # ReadyMsg.info by worker
         self.ready = asyncio.Event()
         self.failure: str | None = None  # set when the engine is gone (crash or shutdown)
@@ -81,6 +91,12 @@ class Frontend:
     @property
     def info(self) -> dict[str, Any]:
         return self.workers.get("scheduler", {})
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see (``/v1/models``, every response's ``model``): ``--served-model-name``,
+        else ``--model`` as given (or the embedded model's name)."""
+        return self.served_model_name or str(self.info.get("model", "minisgl"))
 
     async def start(self) -> None:
         import zmq
@@ -164,10 +180,10 @@ class Frontend:
             q = self.routes.get(msg.uid)
             if q is not None:
                 q.put_nowait(msg)
-        elif isinstance(msg, StatsMsg):
+        elif isinstance(msg, (StatsMsg, TextMsg)):
             fut = self.stats_waiters.pop(msg.uid, None)
             if fut is not None and not fut.done():
-                fut.set_result(msg.stats)
+                fut.set_result(msg.stats if isinstance(msg, StatsMsg) else msg)
         elif isinstance(msg, ReadyMsg):
             self.workers[msg.who] = msg.info
             logger.info("%s is ready", msg.who)
@@ -207,21 +223,42 @@ class Frontend:
     def forget(self, uid: int) -> None:
         self.routes.pop(uid, None)
 
-    async def stats(self) -> dict[str, Any]:
+    async def _ask(self, make: Callable[[int], Any], what: str, timeout: float = STATS_TIMEOUT_S) -> Any:
+        """Send ``make(uid)`` down the pipeline and wait for the one answer that comes back with
+        that uid (a ``StatsMsg``'s dict, or a ``TextMsg``); 503 if none comes in time."""
         self.check_ready()
         uid = self.new_uid()
         fut = asyncio.get_running_loop().create_future()
         self.stats_waiters[uid] = fut
-        self._out.send(encode(StatsReqMsg(uid)))
+        self._out.send(encode(make(uid)))
         try:
-            result = await asyncio.wait_for(fut, STATS_TIMEOUT_S)
+            result = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise ApiError(503, "the scheduler did not answer the stats request in time") from None
+            raise ApiError(503, f"the engine did not answer the {what} request in time") from None
         finally:
             self.stats_waiters.pop(uid, None)
-        if result is None:
+        if result is None:  # fail_all: the engine is gone
             raise ApiError(503, self.failure or "the engine stopped")
         return result
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._ask(StatsReqMsg, "stats")
+
+    async def flush_cache(self) -> dict[str, Any]:
+        """The scheduler's answer: ``{"flushed": bool, "message": str, "freed_tokens": int}``."""
+        return await self._ask(FlushCacheReqMsg, "flush_cache")
+
+    async def text(
+        self, texts: list[str] | None = None, token_ids: list[list[int]] | None = None, **flags: bool
+    ) -> TextMsg:
+        """Tokenize ``texts`` or detokenize ``token_ids`` in the tokenizer worker (which holds the
+        tokenizer: the API server loads none); ``flags``: ``TextReqMsg``'s. A 400 for input the
+        tokenizer refuses."""
+        make = lambda uid: TextReqMsg(uid, texts, token_ids, **flags)
+        reply: TextMsg = await self._ask(make, "tokenize", TEXT_TIMEOUT_S)
+        if reply.error is not None:
+            raise ApiError(400, reply.error, "prompt" if texts is not None else "tokens")
+        return reply
 
     def fail_all(self, message: str) -> None:
         """The engine is gone: every waiting request gets a 503 instead of hanging."""

@@ -1,8 +1,9 @@
 """One HTTP request's sequences as the client sees them, and how they are answered (a JSON body or
 a stream of server-sent events).
 
-The HTTP status is chosen only once every sequence has produced its first reply (a token or a
-refusal), so bad input always gets a proper 4xx, even on a stream.
+The HTTP status is chosen once every sequence has produced its first reply (a token, or a refusal:
+milliseconds), so bad input always gets a proper 4xx, even on a stream. A stream begins anyway after
+``--sse-keepalive`` s (queued behind a full KV pool), and gets a ``KEEPALIVE`` after each such silence.
 
 Stop *strings* are applied here, on the text (stop *token ids* are the scheduler's job), by the
 server's ``StopStrings`` (``minisgl.tokenizer.detokenizer``): text that might be the start of a stop
@@ -16,6 +17,7 @@ seconds after it was submitted is aborted: a 504 before a stream begins, an erro
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -31,6 +33,14 @@ from minisgl.tokenizer.detokenizer import StopStrings
 
 if TYPE_CHECKING:
     from minisgl.server.frontend import Frontend
+    from minisgl.server.metrics import SeqTimer, ServerMetrics
+
+
+class Tick:
+    """What ``Generation.pump`` returns when ``tick`` seconds passed with nothing from the engine."""
+
+
+TICK = Tick()
 
 
 @dataclass
@@ -89,6 +99,8 @@ class Generation:
 
     def __init__(self, fe: Frontend, msgs: list[TokenizeMsg], stops: list[str], n: int = 1):
         self.fe, self.msgs, self.n = fe, msgs, n
+        self.metrics: ServerMetrics | None = None  # set before start() to time the sequences
+        self._timers: dict[int, SeqTimer] = {}  # uid -> its clock, while it runs (with metrics)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.seqs = [Seq(i, m.uid, fe.text_streams.stop_strings(stops)) for i, m in enumerate(msgs)]
         self.by_uid = {s.uid: s for s in self.seqs}
@@ -101,23 +113,35 @@ class Generation:
     def done(self) -> bool:
         return all(s.finish_reason is not None for s in self.seqs)
 
-    async def start(self, request: Request | None) -> None:
-        """Submit, and wait until every sequence has produced something (or raise its error)."""
+    @property
+    def all_started(self) -> bool:
+        return all(s.started for s in self.seqs)
+
+    async def start(self, request: Request | None, patience: float | None = None) -> bool:
+        """Submit, and wait until every sequence has produced something (or raise its error).
+        With ``patience`` (seconds), wait no longer: returns whether every sequence has replied."""
+        now = time.monotonic()
         if self.fe.request_timeout is not None:
-            self._deadline = time.monotonic() + self.fe.request_timeout
+            self._deadline = now + self.fe.request_timeout
+        if self.metrics is not None:
+            self._timers = {m.uid: self.metrics.timer(now) for m in self.msgs}
         self.fe.submit(self.msgs, self.queue)
+        until = None if patience is None else now + patience
         try:
-            while not all(s.started for s in self.seqs):
-                await self._pump(request)
+            while not self.all_started:
+                if await self.pump(request, None if until is None else until - time.monotonic()) is TICK:
+                    return False
+            return True
         finally:
             self.stop_watching()
 
-    async def updates(self, request: Request | None = None) -> AsyncIterator[Seq]:
-        """Yield each sequence when it has news, until all are finished."""
+    async def updates(self, request: Request | None = None, beat: KeepAlive | None = None) -> AsyncIterator[Seq | Tick]:
+        """Yield each sequence when it has news, until all are finished; ``TICK`` when the client is
+        owed a keep-alive (``beat``)."""
         for s in self.seqs:  # what start() already received
             yield s
         while not self.done:
-            seq = await self._pump(request)
+            seq = await self.pump(request, None if beat is None else beat.left())
             if seq is not None:
                 yield seq
 
@@ -128,14 +152,24 @@ class Generation:
         finally:
             self.stop_watching()
 
-    async def _pump(self, request: Request | None) -> Seq | None:
-        item = await self._next(request)
+    async def pump(self, request: Request | None, tick: float | None = None) -> Seq | Tick | None:
+        """Feed one reply to its sequence (returned; None: not ours); ``TICK`` if ``tick`` s pass first."""
+        item = await self._next(request, tick)
+        if item is TICK:
+            return TICK
         if isinstance(item, ErrorMsg):
+            self._timers.pop(item.uid, None)  # refused (or the engine is gone): neither done nor aborted
             raise ApiError(item.status, item.message, item.param, item.code)
         seq = self.by_uid.get(item.uid)
         if seq is None:
             return None
+        first, had = not seq.started, len(seq.token_ids)
         seq.feed(item)
+        if (timer := self._timers.get(seq.uid)) is not None:
+            now = time.monotonic()
+            timer.reply(now, len(seq.token_ids) - had, first, seq.prompt_tokens, seq.cached_tokens)
+            if seq.finish_reason is not None:
+                timer.end(now, finished=True)
         if seq.finish_reason is not None:
             if seq.hit_stop_string:
                 self.fe.abort(seq.uid)  # the engine would go on generating
@@ -143,27 +177,33 @@ class Generation:
                 self.fe.forget(seq.uid)
         return seq
 
-    async def _next(self, request: Request | None) -> Any:
+    async def _next(self, request: Request | None, tick: float | None = None) -> Any:
         left = None if self._deadline is None else self._deadline - time.monotonic()
         if left is not None and left <= 0:
             raise self._timed_out()
         if self._getter is None:
             if not self.queue.empty():
                 return self.queue.get_nowait()
+            if tick is not None and tick <= 0:
+                return TICK
             # one getter task, never cancelled while we wait on it: cancelling a queue.get() that
-            # has just taken an item would lose that item
+            # has just taken an item would lose that item (a tick leaves it pending for the next call)
             self._getter = asyncio.ensure_future(self.queue.get())
         waits = {self._getter}
         if request is not None:
             if self._gone is None:
                 self._gone = asyncio.ensure_future(_client_gone(request))
             waits.add(self._gone)
-        await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        ticks = tick is not None and (left is None or tick < left)  # the tick ends the wait, not the deadline
+        timeout = max(0.0, tick) if ticks else left
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if self._getter.done():
             item, self._getter = self._getter.result(), None
             return item
         if self._gone is not None and self._gone.done():
             raise ClientDisconnected()
+        if ticks:
+            return TICK
         raise self._timed_out()
 
     def _timed_out(self) -> ApiError:
@@ -182,6 +222,8 @@ class Generation:
         for s in self.seqs:
             if s.finish_reason is None:
                 self.fe.abort(s.uid)
+                if (timer := self._timers.get(s.uid)) is not None:
+                    timer.end(time.monotonic(), finished=False)
             else:
                 self.fe.forget(s.uid)
         if self._getter is not None:
@@ -214,6 +256,21 @@ def sse(obj: Any) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: clients skip it; its bytes reset their read timeouts
+
+
+class KeepAlive:
+    """When a stream last sent a byte; ``left()``: seconds until it owes the client a ``KEEPALIVE``."""
+
+    def __init__(self, every: float | None):
+        self.every, self.last = every or None, time.monotonic()  # every: seconds; None (or 0): never
+
+    def left(self) -> float | None:
+        return None if self.every is None else self.every - (time.monotonic() - self.last)
+
+    def sent(self, ev: str) -> str:
+        self.last = time.monotonic()
+        return ev
 
 
 def stream_chunker(rid: str, kind: str, created: int, model: str, include_usage: bool):
@@ -254,20 +311,33 @@ async def stream_or_collect(
     """Submit ``gen`` and wait for every sequence's first reply (an engine refusal raises its 4xx
     here, before a stream begins). Then either stream ``head``, ``events(seq)`` for each update,
     ``tail()`` and ``[DONE]``, or run to the end and return ``body()``. Whatever way it ends (done,
-    error, client gone), the sequences still running are aborted."""
+    error, client gone), the sequences still running are aborted. A stream waits at most the app's
+    ``sse_keepalive_s`` (None: off), then begins with keep-alive comments and holds ``head`` and the
+    events back until every sequence has replied: a client sees the same events either way."""
+    state = request.app.state
+    gen.metrics = getattr(state, "metrics", None)
+    beat = KeepAlive(getattr(state, "sse_keepalive_s", None) if stream else None)
     try:
-        await gen.start(request)
+        started = await gen.start(request, beat.every)
     except BaseException:
         gen.close()
         raise
     if stream:
 
         async def sse_events():
-            for ev in head:
-                yield ev
-            async for s in gen.updates():
-                for ev in events(s):
-                    yield ev
+            held = not started  # head and events wait until every sequence has replied
+            for ev in () if held else head:
+                yield beat.sent(ev)
+            async for s in gen.updates(beat=beat):
+                if s is TICK:
+                    yield beat.sent(KEEPALIVE)
+                elif held and gen.all_started:
+                    held = False  # then all that every sequence gathered meanwhile, as if it had just come
+                    for ev in itertools.chain(head, *(events(x) for x in gen.seqs)):
+                        yield beat.sent(ev)
+                elif not held:
+                    for ev in events(s):
+                        yield beat.sent(ev)
             for ev in tail():
                 yield ev
             yield SSE_DONE

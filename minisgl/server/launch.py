@@ -177,9 +177,12 @@ async def _serve(
         args.request_timeout,
         args.health_timeout,
         args.detokenizer,
+        sse_keepalive_s=args.sse_keepalive,
     )
     app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats
+    app.state.server_args = args  # shown by GET /get_server_info (without the API key)
     fe = app.state.frontend
+    fe.served_model_name = args.served_model_name
     config = uvicorn.Config(
         app,
         log_level=args.log_level,

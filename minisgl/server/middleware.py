@@ -7,7 +7,9 @@ import hmac
 from minisgl.server.errors import error_response
 
 MAX_BODY_BYTES = 8 << 20  # larger request bodies get a 413
-OPEN_PATHS = {"/health"}  # answered without an API key (load balancers probe it)
+# answered without an API key (load balancers probe it); /metrics is not: its counters describe
+# the traffic, so a Prometheus scraper sends the key (its `authorization` setting)
+OPEN_PATHS = {"/health"}
 
 
 def bearer_token(authorization: bytes) -> bytes | None:

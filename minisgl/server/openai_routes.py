@@ -20,25 +20,26 @@ router = APIRouter()
 
 
 def model_name(fe: Frontend) -> str:
-    return str(fe.info.get("model", "minisgl"))
+    return fe.model_name  # --served-model-name, else --model as given
 
 
 def check_model(fe: Frontend, name: str) -> None:
-    """404 unless ``name`` is the served model: its name as ``/v1/models`` lists it (the ``--model``
-    folder or hub id, or the embedded model's name), or that name's last path component, so that a
-    client may say ``Qwen3-0.6B`` for ``/models/Qwen3-0.6B`` or ``Qwen/Qwen3-0.6B``."""
+    """404 unless ``name`` is the served model: its name as ``/v1/models`` lists it
+    (``--served-model-name``, else the ``--model`` folder or hub id, or the embedded model's name),
+    or that name's last path component, so that a client may say ``Qwen3-0.6B`` for
+    ``/models/Qwen3-0.6B`` or ``Qwen/Qwen3-0.6B``."""
     served = model_name(fe)
     if name not in {served, served.rstrip("/").rpartition("/")[2]} - {""}:
         raise ApiError(404, f"model {name!r} not found; this server serves {served!r}", "model", "model_not_found")
 
 
-def model_card(info: dict[str, Any]) -> dict[str, Any]:
+def model_card(fe: Frontend) -> dict[str, Any]:
     return {
-        "id": str(info.get("model", "minisgl")),
+        "id": model_name(fe),
         "object": "model",
         "created": 0,
         "owned_by": "minisgl",
-        "max_model_len": info.get("max_seq_len"),
+        "max_model_len": fe.info.get("max_seq_len"),
     }
 
 
@@ -82,7 +83,7 @@ def usage_tail(chunk: Callable[..., str], gen: Generation, include_usage: bool) 
 async def models(request: Request):
     fe = frontend_of(request)
     fe.check_ready()
-    return {"object": "list", "data": [model_card(fe.info)]}
+    return {"object": "list", "data": [model_card(fe)]}
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -90,7 +91,7 @@ async def model(model_id: str, request: Request):
     fe = frontend_of(request)
     fe.check_ready()
     check_model(fe, model_id)
-    return model_card(fe.info)
+    return model_card(fe)
 
 
 @router.post("/v1/chat/completions")

@@ -9,6 +9,11 @@ step, send its tokens to the detokenizer. A malformed frame, or a message that f
 dropped and logged (``minisgl.server.ipc``): the loop never dies of its input. While one step runs
 for more than half a second (a long prefill, a first-time kernel compile), a thread says so twice a
 second (``BusyMsg``), so that ``/health`` tells a busy scheduler from a hung one.
+
+``FlushCacheReqMsg`` (``POST /flush_cache``) empties the prefix cache only while no request is
+running or waiting, as SGLang does: otherwise it is refused, and nothing is flushed. A partial flush
+(the prefixes no running request holds) would leave the cache holding what the running requests
+lock, and a benchmark that flushes to start from an empty cache would silently measure a warm one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from minisgl.message import (
     BatchTokenMsg,
     BusyMsg,
     ErrorMsg,
+    FlushCacheReqMsg,
     GenerateMsg,
     PingMsg,
     ReadyMsg,
@@ -47,7 +53,7 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 500  # an idle scheduler still wakes up this often
 MAX_MSGS_PER_STEP = 256  # messages taken between two steps (the rest wait for the next)
 BUSY_EVERY_S = 0.5  # the busy thread reports every this often, once a step has run this long
-ACCEPTS = (GenerateMsg, AbortMsg, StatsReqMsg, ReadyMsg, PingMsg)  # from the tokenizer
+ACCEPTS = (GenerateMsg, AbortMsg, StatsReqMsg, FlushCacheReqMsg, ReadyMsg, PingMsg)  # from the tokenizer
 
 
 class SchedulerWorker:
@@ -62,6 +68,9 @@ class SchedulerWorker:
         self.finished = self.aborted = self.rejected = 0
         self.reader = MsgReader("scheduler", ACCEPTS)
         self.step_started: float | None = None  # monotonic time, while inside sched.step()
+        # flush requests that found no request live but memory still held by a batch in flight
+        # (the overlap loop frees it one step later): answered once the scheduler has no work
+        self.flushes: list[int] = []
         self.ctx = ctx = zmq.Context()
         self.inbox = bind_inbox(ctx, addrs.scheduler)
         self.outbox = ctx.socket(zmq.PUSH)
@@ -81,6 +90,14 @@ class SchedulerWorker:
             tp_size=self.tp_size,
             device=str(e.device),
             dtype=str(e.dtype).removeprefix("torch."),
+            # for GET /get_model_info and /get_server_info: the model's kind, the resolved settings
+            model_type=e.model_config.model_type,
+            architectures=_architectures(e.model_path),
+            max_prefill_length=self.config.max_prefill_length,
+            max_running_requests=self.config.max_running_requests,
+            cache_type=self.config.cache_type,
+            kv_cache_dtype=self.config.kv_cache_dtype,
+            attention_backend=self.config.attention_backend,
         )
 
     def stats(self) -> dict[str, Any]:
@@ -153,11 +170,34 @@ class SchedulerWorker:
                 out.append(TokenMsg(msg.uid, -1, "abort"))
         elif isinstance(msg, StatsReqMsg):
             self._send(StatsMsg(msg.uid, self.stats()))
+        elif isinstance(msg, FlushCacheReqMsg):
+            self.flushes.append(msg.uid)
+            self._answer_flushes()
         elif isinstance(msg, ReadyMsg):  # the tokenizer's, on its way to the API server
             self.sched.add_eos_ids(msg.info.get("eos_ids", ()))  # as LLM does with its tokenizer
             self._send(msg)
         elif isinstance(msg, PingMsg):  # the API server's heartbeat, on its way back
             self._send(msg)
+
+    def _answer_flushes(self) -> None:
+        """Flush (and answer every waiting flush request) if no request is live; refuse them if one
+        is. Memory that only a batch in flight still holds waits for the next step."""
+        s = self.sched
+        if s.reqs:
+            why = (
+                f"the cache was not flushed: {s.num_running} running and {s.num_waiting} waiting requests; "
+                "it is flushed only when no request is running or waiting (retry once they finish)"
+            )
+            answer = dict(flushed=False, message=why, freed_tokens=0)
+        elif s.has_work:  # finished, not yet freed: their prefixes join the cache at the next step
+            return
+        else:
+            freed = s.cache.cache.evictable_size
+            s.flush_cache()  # through the scheduler: with TP, every rank flushes
+            answer = dict(flushed=True, message="Cache flushed.", freed_tokens=freed)
+        for uid in self.flushes:
+            self._send(StatsMsg(uid, answer))
+        self.flushes = []
 
     def _report_busy(self) -> None:
         """Thread: every BUSY_EVERY_S, if one step has run that long, say so (on its own socket:
@@ -197,6 +237,19 @@ class SchedulerWorker:
                         del self.reqs[ev.uid]
             if out:
                 self._send(BatchTokenMsg(out))
+            if self.flushes:
+                self._answer_flushes()
+
+
+def _architectures(model_path: Any) -> list[str] | None:
+    """``config.json``'s ``architectures`` of the model folder (None: no folder, e.g. dummy weights)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return list(json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or [])
+    except (TypeError, OSError, ValueError):
+        return None
 
 
 def run_scheduler(config: EngineConfig, addrs: Addresses | None, log_level: str) -> None:

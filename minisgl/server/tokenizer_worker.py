@@ -1,10 +1,12 @@
 """The tokenizer process: text (or a chat) in, token ids out, on their way to the scheduler.
 
 Input it cannot turn into a prompt (no chat template, a tokenizer error) is refused here with an
-``ErrorMsg`` straight to the API server; everything else it does not handle (aborts, stats
-requests, pings) is forwarded to the scheduler unchanged, in order. Its ``ReadyMsg`` carries the
-tokenizer's EOS ids to the scheduler (which then need not load the tokenizer itself: that costs
-seconds at start-up). A malformed frame is dropped (``minisgl.server.ipc``).
+``ErrorMsg`` straight to the API server. ``/v1/tokenize`` and ``/v1/detokenize`` (``TextReqMsg``) are
+answered here too (``TextMsg``, straight to the API server), with the tokenizer this process holds
+anyway. Everything else it does not handle (aborts, stats and flush requests, pings) is forwarded to
+the scheduler unchanged, in order. Its ``ReadyMsg`` carries the tokenizer's EOS ids to the scheduler
+(which then need not load the tokenizer itself: that costs seconds at start-up). A malformed frame
+is dropped (``minisgl.server.ipc``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from minisgl.message import (
     AbortMsg,
     Addresses,
     ErrorMsg,
+    FlushCacheReqMsg,
     GenerateMsg,
     PingMsg,
     ReadyMsg,
     StatsReqMsg,
+    TextMsg,
+    TextReqMsg,
     TokenizeMsg,
     encode,
 )
@@ -29,7 +34,7 @@ from minisgl.tokenizer import eos_token_ids, load_tokenizer, tokenize
 
 logger = logging.getLogger(__name__)
 
-ACCEPTS = (TokenizeMsg, AbortMsg, StatsReqMsg, PingMsg)  # from the API server
+ACCEPTS = (TokenizeMsg, AbortMsg, StatsReqMsg, FlushCacheReqMsg, TextReqMsg, PingMsg)  # from the API server
 
 
 def start_text_worker(name: str, model: str | None, dummy_weight: bool, inbox_addr: str, log_level: str):
@@ -65,6 +70,9 @@ def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_l
         msg = reader.read(inbox.recv())
         if msg is None:
             continue
+        if isinstance(msg, TextReqMsg):
+            to_frontend.send(encode(convert_text(tokenizer, msg)))
+            continue
         if not isinstance(msg, TokenizeMsg):
             to_scheduler.send(encode(msg))
             continue
@@ -75,3 +83,18 @@ def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_l
             to_frontend.send(encode(ErrorMsg(msg.uid, str(e) or type(e).__name__, 400, param=param)))
             continue
         to_scheduler.send(encode(GenerateMsg(msg.uid, ids, msg.sampling)))
+
+
+def convert_text(tokenizer, msg: TextReqMsg) -> TextMsg:
+    """``/v1/tokenize`` (``msg.texts``) or ``/v1/detokenize`` (``msg.token_ids``) with the model's
+    tokenizer; what it refuses (no tokenizer, an id it cannot decode) comes back as ``error``."""
+    if tokenizer is None:
+        return TextMsg(msg.uid, error="this model has no tokenizer")
+    try:
+        if msg.texts is not None:
+            ids = [list(tokenizer.encode(t, add_special_tokens=msg.add_special_tokens)) for t in msg.texts]
+            return TextMsg(msg.uid, token_ids=ids)
+        texts = [tokenizer.decode(ids, skip_special_tokens=msg.skip_special_tokens) for ids in msg.token_ids or []]
+        return TextMsg(msg.uid, texts=texts)
+    except Exception as e:  # the input's fault (the API server checked the ids against the vocabulary)
+        return TextMsg(msg.uid, error=f"the tokenizer refused the input: {type(e).__name__}: {e}"[:1000])

@@ -51,7 +51,7 @@ def create_app(
     app.state.frontend = fe
     app.state.max_sequences_per_request = max_sequences_per_request
     app.state.sse_keepalive_s = sse_keepalive_s or None
-    app.state.metrics = ServerMetrics(lambda: openai_routes.model_name(fe))  # this app's own registry
+    app.state.metrics = ServerMetrics(lambda: fe.model_name)  # this app's own registry
     app.add_middleware(Guard, api_key=api_key)
     install_error_handlers(app)
     app.include_router(native_routes.router)

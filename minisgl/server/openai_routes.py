@@ -19,23 +19,19 @@ from minisgl.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompleti
 router = APIRouter()
 
 
-def model_name(fe: Frontend) -> str:
-    return fe.model_name  # --served-model-name, else --model as given
-
-
 def check_model(fe: Frontend, name: str) -> None:
     """404 unless ``name`` is the served model: its name as ``/v1/models`` lists it
     (``--served-model-name``, else the ``--model`` folder or hub id, or the embedded model's name),
     or that name's last path component, so that a client may say ``Qwen3-0.6B`` for
     ``/models/Qwen3-0.6B`` or ``Qwen/Qwen3-0.6B``."""
-    served = model_name(fe)
+    served = fe.model_name
     if name not in {served, served.rstrip("/").rpartition("/")[2]} - {""}:
         raise ApiError(404, f"model {name!r} not found; this server serves {served!r}", "model", "model_not_found")
 
 
 def model_card(fe: Frontend) -> dict[str, Any]:
     return {
-        "id": model_name(fe),
+        "id": fe.model_name,
         "object": "model",
         "created": 0,
         "owned_by": "minisgl",
@@ -101,7 +97,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     messages = [m.as_template_input() for m in req.messages]
     msgs = [TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), messages=messages) for j in range(req.n)]
     gen = Generation(fe, msgs, req.stop, req.n)
-    rid, model = f"chatcmpl-{uuid.uuid4().hex}", model_name(fe)
+    rid, model = f"chatcmpl-{uuid.uuid4().hex}", fe.model_name
     chunk = stream_chunker(rid, "chat.completion.chunk", gen.created, model, req.include_usage)
 
     def delta(s: Seq, d: dict, reason: str | None) -> str:
@@ -143,7 +139,7 @@ async def completions(req: CompletionRequest, request: Request):
             text, ids = (p, None) if isinstance(p, str) else (None, p)
             msgs.append(TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), text=text, input_ids=ids))
     gen = Generation(fe, msgs, req.stop, req.n)
-    rid, model = f"cmpl-{uuid.uuid4().hex}", model_name(fe)
+    rid, model = f"cmpl-{uuid.uuid4().hex}", fe.model_name
     chunk = stream_chunker(rid, "text_completion", gen.created, model, req.include_usage)
 
     def events(s: Seq):

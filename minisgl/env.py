@@ -24,6 +24,15 @@ def flag(raw: str) -> bool:
 KV_STORES = ("tvm_ffi", "triton", "torch")
 
 
+CPU_ISAS = ("avx512", "avx2", "portable")  # minisgl.kernels.jit.ISAS
+
+
+def cpu_isa(raw: str) -> str:
+    if raw.strip().lower() not in CPU_ISAS:
+        raise ValueError(f"expected one of {', '.join(CPU_ISAS)}")
+    return raw.strip().lower()
+
+
 def kv_store(raw: str) -> str:
     if raw.strip().lower() not in KV_STORES:
         raise ValueError(f"expected one of {', '.join(KV_STORES)}")
@@ -53,6 +62,12 @@ VARS: tuple[Var, ...] = (
     Var("FI_NO_SPLIT_MIN_BS", 32, int, "captured decode batches of at least this many skip split-KV"),
     Var("NVTX", True, flag, "0: no NVTX ranges on CUDA"),
     Var("DISABLE_JIT", False, flag, "1: no C++ kernels through TVM FFI (torch instead)"),
+    Var(
+        "CPU_ISA",
+        None,
+        cpu_isa,
+        "C++ CPU kernels: avx512, avx2 or portable (default: the widest this CPU runs; a narrower one tests its code)",
+    ),
     Var("KV_STORE", "tvm_ffi", kv_store, "GPU K/V store: tvm_ffi (CUDA through TVM FFI), triton or torch"),
     Var("CACHE_DIR", None, str, "where the embedded model is converted to (once)"),
     Var("SHELL_MAX_TOKENS", 512, int, "shell: tokens per answer"),
@@ -79,6 +94,7 @@ class Env:
     fi_no_split_min_bs: int
     nvtx: bool
     disable_jit: bool
+    cpu_isa: str | None
     kv_store: str
     cache_dir: str | None
     shell_max_tokens: int

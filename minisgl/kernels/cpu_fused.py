@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kernels.jit import available, cpu_module
-from minisgl.kernels.small_linear import DTYPES, STREAM_ROWS, vectorised
+from minisgl.kernels.jit import available, cpu_module, isa
+from minisgl.kernels.small_linear import DTYPES, STREAM_ROWS
+
+WIDE = ("avx512", "avx2")  # levels whose kernels beat torch's ops at every size (measured)
 
 
 def applies(x: torch.Tensor) -> bool:
     """Whether these kernels take ``x`` (``[tokens, ...]``): on the CPU, float32 or bf16; past a few
-    tokens only where they are built with AVX-512 (elsewhere torch's vectorised ops are faster)."""
+    tokens only on the levels of ``WIDE`` (on the portable level torch's vectorised ops are faster)."""
     if not (x.is_cpu and x.dtype in DTYPES and x.dim() >= 2 and available()):
         return False
-    return x.shape[0] <= STREAM_ROWS or vectorised(torch.float32)
+    return x.shape[0] <= STREAM_ROWS or isa() in WIDE
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -5,44 +5,35 @@ Why a kernel: a decode step at batch 1 multiplies every weight by one vector, so
 streaming the weights from memory. torch's CPU matmul is built for matrices: on the embedded model its
 matrix-vector products read the weights at 10-14 GB/s, where this machine streams 30+ GB/s. Up to 8
 rows the kernel reads each weight row once, front to back, for all of the step's rows; from 9 to
-``MAX_ROWS`` it multiplies tiles of 4 rows of x by 3 rows of the weight in registers. Over all the
+``max_rows`` it multiplies tiles of rows of x by rows of the weight in registers (4 x 3 with AVX-512,
+3 x 2 with AVX2's 16 registers). Over all the
 embedded model's products that beats MKL's float32 matmul by 10-40% and oneDNN's bf16 one by 5-25%
 (tying at 32 rows; by shape, oneDNN is 13-16% faster on gate/up and the LM head from 44 rows). Both
 paths sum every output in the same order (float32, rounded once, as torch does), so a row's result does
-not depend on how many rows came with it: one kernel for all of 1-64 rows keeps that. Prefill-sized
+not depend on how many rows came with it: one kernel for all of 1-64 rows keeps that, on each level. Prefill-sized
 inputs go to torch.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from minisgl.kernels.jit import available, cpu_module
+from minisgl.kernels.jit import available, cpu_module, isa
 
-MAX_ROWS = 64  # past it torch wins: 128 rows of the model's products took 77 ms in torch, 89 here (bf16)
-STREAM_ROWS = 8  # the one-row-at-a-time path: the limit where the tiles are not vectorised
+# Rows of x up to which linear() runs the kernel, by level (jit.ISAS): past them torch's matmul wins, or
+# is not measured to lose. avx512: 128 rows of the model's products took 77 ms in torch, 89 here (bf16).
+# portable: unmeasured where it matters (ARM); on x86 its SSE2 tiles lose to torch's BLAS past a few rows.
+MAX_ROWS = {"avx512": 64, "avx2": 64, "portable": 8}
+ROW_LIMIT = max(MAX_ROWS.values())
+STREAM_ROWS = 8  # the one-row-at-a-time path (the kernel's kSmallRows)
 DTYPES = (torch.float32, torch.bfloat16)  # what the CPU kernels take
 
 
-@functools.cache
-def _simd() -> int:
-    mod = cpu_module()
-    return int(mod.simd_dtypes()) if mod is not None else 0
-
-
-def vectorised(dtype: torch.dtype) -> bool:
-    """Whether this machine's build of the kernels computes ``dtype`` products with AVX-512 (float32:
-    also the element-wise kernels of ``cpu_fused``)."""
-    return bool(_simd() & (1 if dtype == torch.float32 else 2))
-
-
 def max_rows(dtype: torch.dtype) -> int:
-    """Rows of x up to which :func:`linear` runs the kernel: ``MAX_ROWS`` where its tiles are vectorised
-    for ``dtype``, else ``STREAM_ROWS``."""
-    return MAX_ROWS if vectorised(dtype) else STREAM_ROWS
+    """Rows of x up to which :func:`linear` runs the kernel on the level in use (``jit.isa()``), for
+    ``dtype`` (float32 or bfloat16: the same on every level measured)."""
+    return MAX_ROWS[isa()]
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -53,7 +44,7 @@ def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == x.dtype
         and weight.dim() == 2
         and weight.is_contiguous()
-        and x.numel() <= MAX_ROWS * x.shape[-1]
+        and x.numel() <= ROW_LIMIT * x.shape[-1]
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and available()
         and x.numel() <= max_rows(x.dtype) * x.shape[-1]

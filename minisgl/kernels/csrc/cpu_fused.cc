@@ -9,102 +9,25 @@
 //   rope(pos, q, k, cos_sin, head_dim)      q, k rotated in place, "rotate half" pairs (i, i + d/2);
 //                                           cos_sin [max_pos, d] float32 = [cos | sin], read in dtype
 //
-// Rows are [tokens, features] and contiguous; float32 or bfloat16.
-#include <cmath>
+// Rows are [tokens, features] and contiguous; float32 or bfloat16. The kernels: cpu_fused.h.
 #include <cstdint>
 
-#include "cpu_common.h"
+#include "cpu_fused.h"
+#include "ffi_common.h"
 
 namespace {
 
 using namespace minisgl;
 using tvm::ffi::TensorView;
 
-constexpr int64_t kParallelTokens = 64;  // rows from which the cores share a call
-
-// the value a torch op on T tensors produces: float32 arithmetic, rounded to T
-template <typename T>
-inline float r(float x) {
-  return to_f(from_f<T>(x));
-}
-
-template <typename T>
-void norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
-  float ss = 0.0f;
-  for (int64_t i = 0; i < d; ++i) ss += to_f(x[i]) * to_f(x[i]);
-  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
-  for (int64_t i = 0; i < d; ++i) out[i] = from_f<T>(to_f(w[i]) * r<T>(to_f(x[i]) * inv));
-}
-
-// res = dtype(x + res), then out = rmsnorm(res): one row of a residual add + norm (out may be x)
-template <typename T>
-void add_norm_row(const T* x, T* res, const T* w, T* out, int64_t d, float eps) {
-  for (int64_t i = 0; i < d; ++i) res[i] = from_f<T>(to_f(x[i]) + to_f(res[i]));
-  norm_row(res, w, out, d, eps);
-}
-
 template <typename T>
 void rmsnorm_t(const TensorView& x, const TensorView& w, const TensorView& out, float eps) {
-  const int64_t n = x.size(0), d = x.size(1);
-  const T *xp = ptr<T>(x), *wp = ptr<T>(w);
-  T* op = ptr<T>(out);
-#pragma omp parallel for if (n >= kParallelTokens)
-  for (int64_t t = 0; t < n; ++t) norm_row(xp + t * d, wp, op + t * d, d, eps);
+  rmsnorm_rows(ptr<T>(x), ptr<T>(w), ptr<T>(out), x.size(0), x.size(1), eps);
 }
 
 template <typename T>
 void fused_add_rmsnorm_t(const TensorView& x, const TensorView& res, const TensorView& w, float eps) {
-  const int64_t n = x.size(0), d = x.size(1);
-  T *xp = ptr<T>(x), *rp = ptr<T>(res);
-  const T* wp = ptr<T>(w);
-#pragma omp parallel for if (n >= kParallelTokens)
-  for (int64_t t = 0; t < n; ++t) add_norm_row(xp + t * d, rp + t * d, wp, xp + t * d, d, eps);
-}
-
-// x [n, 2h] = [gate | up] rows -> out [n, h]. exp 16 lanes at a time where the CPU has AVX-512 (within
-// an ulp of expf: the bf16 result is torch's but for the rare value on a rounding boundary), the rest
-// with expf.
-template <typename T>
-void silu_rows(const T* xp, T* op, int64_t n, int64_t h) {
-#pragma omp parallel for if (n >= kParallelTokens)
-  for (int64_t t = 0; t < n; ++t) {
-    const T* gate = xp + t * 2 * h;
-    const T* up = gate + h;
-    T* out = op + t * h;
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= h; i += 16) {
-      const __m512 g = load16(gate + i, 16);
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-      const __m512 s = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), T{});
-      store16(out + i, round16(_mm512_mul_ps(s, load16(up + i, 16)), T{}));
-    }
-#endif
-    for (; i < h; ++i) {
-      const float g = to_f(gate[i]);
-      out[i] = from_f<T>(r<T>(g / (1.0f + std::exp(-g))) * to_f(up[i]));
-    }
-  }
-}
-
-// rotates `heads` heads of d elements in place in each of n rows (row t starts at x + t * stride)
-template <typename T, typename P>
-void rope_rows(T* x, int64_t stride, int64_t heads, int64_t d, int64_t n, const P* pos, const float* cs,
-               int64_t width) {
-  const int64_t half = d / 2;
-#pragma omp parallel for if (n >= kParallelTokens)
-  for (int64_t t = 0; t < n; ++t) {
-    const float* c = cs + static_cast<int64_t>(pos[t]) * width;
-    for (int64_t h = 0; h < heads; ++h) {
-      T* v = x + t * stride + h * d;
-      for (int64_t i = 0; i < half; ++i) {
-        const float cos = r<T>(c[i]), sin = r<T>(c[half + i]);
-        const float x1 = to_f(v[i]), x2 = to_f(v[half + i]);
-        v[i] = from_f<T>(r<T>(x1 * cos) - r<T>(x2 * sin));
-        v[half + i] = from_f<T>(r<T>(x2 * cos) + r<T>(x1 * sin));
-      }
-    }
-  }
+  add_rmsnorm_rows(ptr<T>(x), ptr<T>(res), ptr<T>(w), x.size(0), x.size(1), eps);
 }
 
 template <typename T, typename P>

@@ -18,6 +18,9 @@
 
 namespace {
 
+using namespace minisgl;
+using tvm::ffi::TensorView;
+
 constexpr int64_t kParallelRows = 8;
 
 template <typename T>
@@ -53,7 +56,7 @@ void layer(const TensorView& x, const TensorView& res, bool first, const int64_t
   T* const o = attn + n * heads * d;
   T* const gate_up = o + n * hid;
   T* const act = gate_up + n * 2 * inter;
-  run(xp, ptr<T>(w_qkv), qkv, n, hid, width, threads);
+  linear<T>(xp, ptr<T>(w_qkv), qkv, n, hid, width, threads);
   T* q = qkv;
   T* k = q + heads * d;
   const T* v = k + kv_heads * d;
@@ -75,13 +78,13 @@ void layer(const TensorView& x, const TensorView& res, bool first, const int64_t
   }
   attend(static_cast<const T*>(q), width, static_cast<const T*>(kp), static_cast<const T*>(vp), ptr<int64_t>(slots),
          slots.size(1), ptr<int32_t>(lens), attn, n, heads, kv_heads, d, scale, threads);
-  run(static_cast<const T*>(attn), ptr<T>(w_o), o, n, heads * d, hid, threads);
+  linear<T>(attn, ptr<T>(w_o), o, n, heads * d, hid, threads);
 #pragma omp parallel for num_threads(par)
   for (int64_t t = 0; t < n; ++t) add_norm_row(o + t * hid, rp + t * hid, ptr<T>(ln2), xp + t * hid, hid, eps);
-  run(static_cast<const T*>(xp), ptr<T>(w_gate_up), gate_up, n, hid, 2 * inter, threads);
+  linear<T>(xp, ptr<T>(w_gate_up), gate_up, n, hid, 2 * inter, threads);
 #pragma omp parallel for num_threads(par)
   for (int64_t t = 0; t < n; ++t) silu_rows(static_cast<const T*>(gate_up) + t * 2 * inter, act + t * inter, 1, inter);
-  run(static_cast<const T*>(act), ptr<T>(w_down), xp, n, inter, hid, threads);
+  linear<T>(act, ptr<T>(w_down), xp, n, inter, hid, threads);
 }
 
 void check_matrix(const TensorView& w, int64_t rows, int64_t cols, const char* name) {

@@ -79,9 +79,7 @@ def isa() -> str:
     if ENV.cpu_isa is None:
         return cpu_isas()[0]
     if ENV.cpu_isa not in cpu_isas():
-        raise ValueError(
-            f"MINISGL_CPU_ISA={ENV.cpu_isa}: this CPU cannot run it (it runs {', '.join(cpu_isas())})"
-        )
+        raise ValueError(f"MINISGL_CPU_ISA={ENV.cpu_isa}: this CPU cannot run it (it runs {', '.join(cpu_isas())})")
     return ENV.cpu_isa
 
 

@@ -30,17 +30,24 @@
 namespace minisgl {
 namespace linear_detail {
 
-constexpr int kMaxTile = 4;        // rows of x per pass over a weight row (the streaming path)
 constexpr int64_t kSmallRows = 8;  // up to here one weight row at a time (streaming); past it, tiles
 // U accumulators per sum (a dot product is not one long dependency chain); a tile of MT x NT sums needs
 // MT * NT * U vector registers, plus NT weight vectors and one of x.
-#if defined(__AVX512F__)
-constexpr int kU = 2, kTileM = 4, kTileN = 3;  // 24 accumulators of 32 registers (4 x 6 with U = 1 was
-                                               // 5% faster from 32 rows up, 10% slower at batch 1)
+// Streaming (up to kSmallRows rows): kMaxTile rows of x times kStreamN weight rows read side by side.
+#if defined(MINISGL_TILE_U)  // tuning builds: -DMINISGL_TILE_U=1 -DMINISGL_TILE_M=3 -DMINISGL_TILE_N=4 ...
+constexpr int kU = MINISGL_TILE_U, kTileM = MINISGL_TILE_M, kTileN = MINISGL_TILE_N;
+constexpr int kStreamN = MINISGL_STREAM_N, kMaxTile = MINISGL_STREAM_M;
+#elif defined(__AVX512F__)
+// 24 accumulators of 32 registers (4 x 6 with U = 1 was 5% faster from 32 rows up, 10% slower at batch
+// 1); one weight row at a time: 4 side by side were half as fast (the prefetchers follow one stream
+// per core better than four)
+constexpr int kU = 2, kTileM = 4, kTileN = 3, kStreamN = 1, kMaxTile = 4;
 #elif defined(__AVX2__)
-constexpr int kU = 2, kTileM = 3, kTileN = 2;  // 12 accumulators + 2 + 1 of 16 registers
+// 16 registers: U = 1, so the 3 x 4 sums of a tile are 12 independent chains; streaming, 2 rows of x
+// times 4 weight rows side by side (a single row of x would otherwise be one chain)
+constexpr int kU = 1, kTileM = 3, kTileN = 4, kStreamN = 4, kMaxTile = 2;
 #else
-constexpr int kU = 2, kTileM = 2, kTileN = 2;  // 8 vectors of two registers: 16 of NEON's 32
+constexpr int kU = 2, kTileM = 2, kTileN = 2, kStreamN = 1, kMaxTile = 4;  // 8 vectors: 16 of NEON's 32
 #endif
 
 // How one step of a sum loads and multiplies: float32 lanes (bf16 widened), or bf16 pairs (AVX512-BF16)
@@ -149,12 +156,13 @@ template <typename XT, typename WT, typename OT>
 void run(const XT* x, const WT* w, OT* out, int64_t M, int64_t K, int64_t N, int threads) {
   if (M > kSmallRows) {
     constexpr int64_t NT = kTileN;
-    static_assert(NT <= 3, "the switch below lists block widths 3 to 1");
+    static_assert(NT <= 4, "the switch below lists block widths 4 to 1");
     const int64_t blocks = (N + NT - 1) / NT;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t n = b * NT;
       switch (std::min<int64_t>(NT, N - n)) {
+        case 4: tiles<XT, WT, OT, 4>(x, w + n * K, out + n, M, K, N); break;
         case 3: tiles<XT, WT, OT, 3>(x, w + n * K, out + n, M, K, N); break;
         case 2: tiles<XT, WT, OT, 2>(x, w + n * K, out + n, M, K, N); break;
         default: tiles<XT, WT, OT, 1>(x, w + n * K, out + n, M, K, N); break;
@@ -162,17 +170,31 @@ void run(const XT* x, const WT* w, OT* out, int64_t M, int64_t K, int64_t N, int
     }
     return;
   }
+  const int64_t blocks = (N + kStreamN - 1) / kStreamN;
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxTile) {  // the weight row stays in L1 between passes
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n = b * kStreamN;
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxTile) {  // the weight rows stay in L1 between passes
       const XT* xm = x + m0 * K;
       OT* om = out + m0 * N + n;
       const WT* wn = w + n * K;
-      switch (std::min<int64_t>(kMaxTile, M - m0)) {
-        case 4: tile<XT, WT, OT, 4, 1>(xm, wn, om, K, N); break;
-        case 3: tile<XT, WT, OT, 3, 1>(xm, wn, om, K, N); break;
-        case 2: tile<XT, WT, OT, 2, 1>(xm, wn, om, K, N); break;
-        default: tile<XT, WT, OT, 1, 1>(xm, wn, om, K, N); break;
+      const int64_t mt = std::min<int64_t>(kMaxTile, M - m0);
+      if (kStreamN > 1 && n + kStreamN <= N) {
+        switch (mt) {
+          case 4: tile<XT, WT, OT, 4, kStreamN>(xm, wn, om, K, N); break;
+          case 3: tile<XT, WT, OT, 3, kStreamN>(xm, wn, om, K, N); break;
+          case 2: tile<XT, WT, OT, 2, kStreamN>(xm, wn, om, K, N); break;
+          default: tile<XT, WT, OT, 1, kStreamN>(xm, wn, om, K, N); break;
+        }
+        continue;
+      }
+      for (int64_t j = 0; j < std::min<int64_t>(kStreamN, N - n); ++j) {  // one row at a time
+        switch (mt) {
+          case 4: tile<XT, WT, OT, 4, 1>(xm, wn + j * K, om + j, K, N); break;
+          case 3: tile<XT, WT, OT, 3, 1>(xm, wn + j * K, om + j, K, N); break;
+          case 2: tile<XT, WT, OT, 2, 1>(xm, wn + j * K, om + j, K, N); break;
+          default: tile<XT, WT, OT, 1, 1>(xm, wn + j * K, om + j, K, N); break;
+        }
       }
     }
   }

@@ -129,7 +129,10 @@ def grade_lab(
             tempfile.TemporaryFile("w+", errors="replace") as out,
             tempfile.TemporaryFile("w+", errors="replace") as err,
         ):
-            proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            if _FORK_PYTEST[0]:
+                proc = _ForkedPytest(cmd[3:], env, out, err)
+            else:
+                proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
             start = last = time.monotonic()
             while proc.poll() is None:
                 time.sleep(0.2)
@@ -151,6 +154,55 @@ def grade_lab(
         if not data["tests"] and not select:
             raise GraderError(f"no tests were collected for {stem}")
         return data
+
+
+# Whether grade_lab runs pytest in a forked child of this process rather than a fresh interpreter.
+# main() turns it on where fork exists and labs are graded one at a time (fork and threads do not mix):
+# the child starts with torch imported (this process imports it to measure the pace), which is most of
+# a fresh pytest's start-up (~2 s a lab on the reference machine); ~300 grading runs of the
+# instructor's test suite paid it twice each before. What the child imports and runs is the same.
+_FORK_PYTEST = [False]
+
+
+class _ForkedPytest:
+    """``pytest ARGS`` in a forked child, with ``subprocess.Popen``'s ``poll`` / ``returncode``: the
+    child moves to the repository, takes ``env``, writes to ``out`` / ``err`` and reads nothing."""
+
+    def __init__(self, args: list[str], env: dict[str, str], out, err):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child would write this process's pending output again
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 3
+            try:
+                os.chdir(HERE.parent)
+                os.environ.clear()
+                os.environ.update(env)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the child never returns)
+                sys.stdout = open(1, "w", closefd=False, buffering=1, errors="replace")  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False, buffering=1, errors="replace")  # noqa: SIM115
+                import pytest
+
+                code = int(pytest.main(args))
+            except BaseException:  # noqa: BLE001  (reported through the exit code and stderr)
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 def _progress(ticks: Path) -> str:
@@ -176,6 +228,24 @@ def estimate(stems: list[str], jobs: int, at_pace: float) -> str:
     seconds = sum(per_lab) * at_pace / max(1, min(jobs, len(stems)))
     shown = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
     return f"at most about {shown} here (a lab whose functions still raise NotImplementedError takes seconds)"
+
+
+def _graded(stems: list[str], jobs: int, grade: Callable[[str], dict]):
+    """``(stem, grade(stem))`` for every lab, each as soon as it is graded: one at a time in this
+    thread, each lab's pytest a fork of this process where fork exists (``_FORK_PYTEST``), or
+    ``jobs`` at a time from threads, each lab's pytest a fresh interpreter."""
+    if jobs == 1:
+        _FORK_PYTEST[0] = hasattr(os, "fork")
+        if _FORK_PYTEST[0]:
+            import torch  # noqa: F401  (once here, not in every lab's child; measuring the pace did already)
+        for stem in stems:
+            yield stem, grade(stem)
+        return
+    _FORK_PYTEST[0] = False
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(grade, stem): stem for stem in stems}
+        for done in as_completed(futures):
+            yield futures[done], done.result()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,18 +277,14 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; {pace.describe(at_pace)}" if at_pace >= 1.2 else "")
         )
         runs: dict[str, dict] = {}
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            futures = {
-                pool.submit(grade_lab, s, folder, args.timeout, args.verbose, args.select, args.hidden, note): s
-                for s in stems
-            }
-            unprinted = list(stems)  # each lab's line as soon as it and the labs before it are graded
-            for done in as_completed(futures):
-                runs[futures[done]] = done.result()  # a GraderError stops the run
-                while unprinted and unprinted[0] in runs:
-                    tests = runs[unprinted.pop(0)]["tests"]
-                    if tests:
-                        print(report.summary_line(tests), flush=True)
+        grade = lambda stem: grade_lab(stem, folder, args.timeout, args.verbose, args.select, args.hidden, note)  # noqa: E731
+        unprinted = list(stems)  # each lab's line as soon as it and the labs before it are graded
+        for stem, data in _graded(stems, max(1, args.jobs), grade):  # a GraderError stops the run
+            runs[stem] = data
+            while unprinted and unprinted[0] in runs:
+                tests = runs[unprinted.pop(0)]["tests"]
+                if tests:
+                    print(report.summary_line(tests), flush=True)
     except GraderError as e:
         print(f"autograder: {e}", file=sys.stderr)
         return 2

@@ -14,11 +14,12 @@ tests then read their results. The tiny models come from conftest's session fixt
 from __future__ import annotations
 
 import os
+import queue
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from grading import Run, grade, run
+from grading import ForkServer, Run, grade, run
 from mutants import KINDS, all_equivalents, all_hidden_mutants, all_mutants, lab_modules, randomized_partners
 from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MISBEHAVING
 
@@ -68,11 +69,34 @@ def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
     # solutions, the correct variants and the misbehaving lab measure their own, as a student's run does.
     shared = {**grading_env, pace.ENV: f"{max(2.0, 2 * pace.measure()):.2f}"}
     env_of = lambda key: shared if key.startswith(("mutant:", "hidden:")) else grading_env  # noqa: E731
-    with ThreadPoolExecutor(2) as pool:
-        futures = {key: pool.submit(grade, args, env_of(key), tmp, key) for key, args in jobs.items()}
-        futures["direct"] = pool.submit(run, direct, grading_env)
-        futures["direct-two-labs"] = pool.submit(run, two, grading_env)
-        done = {key: f.result() for key, f in futures.items()}
+    # The variants' runs go through two warm fork servers (grading.ForkServer: the same command, without
+    # each run importing torch, hypothesis and pytest again); the solutions and the misbehaving lab run
+    # as students run them, a fresh `python -m autograder`.
+    servers: queue.Queue[ForkServer] = queue.Queue()
+    for _ in range(2):
+        servers.put(ForkServer(grading_env))
+
+    def through_a_server(args: list[str], env: dict, key: str) -> Run:
+        server = servers.get()
+        try:
+            return server.grade(args, env, tmp, key)
+        finally:
+            servers.put(server)
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = {
+                key: pool.submit(through_a_server, args, env_of(key), key)
+                if key.startswith(("mutant:", "hidden:", "equivalent:"))
+                else pool.submit(grade, args, env_of(key), tmp, key)
+                for key, args in jobs.items()
+            }
+            futures["direct"] = pool.submit(run, direct, grading_env)
+            futures["direct-two-labs"] = pool.submit(run, two, grading_env)
+            done = {key: f.result() for key, f in futures.items()}
+    finally:
+        while not servers.empty():
+            servers.get().close()
     print("grading runs (s):", {key: round(r.seconds, 1) for key, r in done.items()})
     return done
 

@@ -35,6 +35,7 @@ class RequestError(ValueError):
 
 
 GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (SamplingParams)
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 @dataclass
@@ -55,6 +56,15 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    # what to report besides the tokens (minisgl/engine/logprobs.py): log-probabilities of the model's
+    # distribution after the grammar mask, before temperature / top-k / top-p (vLLM's default)
+    logprobs: bool = False  # each output token's logprob
+    top_logprobs: int = 0  # and the this many most likely tokens at each step (0..MAX_TOP_LOGPROBS)
+    prompt_logprobs_from: int = -1  # score prompt tokens [from, prompt_len) too; -1: none (token 0 never has one)
+    # constrained decoding (minisgl/grammar/): at most one of these
+    json_schema: str | None = None  # a JSON schema, as JSON text ("{}": any JSON value)
+    regex: str | None = None
+    ebnf: str | None = None  # a grammar in xgrammar's EBNF, with a ``root`` rule
 
     def validate(self) -> None:
         """Raise ``RequestError`` naming the field and what to change."""
@@ -69,6 +79,25 @@ class SamplingParams:
             raise RequestError(f"top_k must be an integer (<= 0 disables it), got {self.top_k!r}", "top_k")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise RequestError(f"seed must be a non-negative integer, got {self.seed!r}", "seed")
+        if not (isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            bound = f"[0, {MAX_TOP_LOGPROBS}]"
+            raise RequestError(f"top_logprobs must be in {bound}, got {self.top_logprobs!r}", "top_logprobs")
+        if not isinstance(self.prompt_logprobs_from, int) or self.prompt_logprobs_from < -1:
+            raise RequestError("prompt_logprobs_from must be -1 (none) or a position >= 0", "prompt_logprobs_from")
+        if sum(g is not None for g in (self.json_schema, self.regex, self.ebnf)) > 1:
+            raise RequestError("give at most one of json_schema, regex and ebnf", "json_schema")
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """``(kind, text)`` of the constraint (kind: ``json_schema``, ``regex`` or ``ebnf``), or None."""
+        for kind in ("json_schema", "regex", "ebnf"):
+            if (text := getattr(self, kind)) is not None:
+                return kind, text
+        return None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
 
     @property
     def is_greedy(self) -> bool:
@@ -103,10 +132,15 @@ class Req:
     locked_len: int = 0  # positions [0, locked_len) are the cache's, locked by cache_handle
     finish_reason: FinishReason | None = None
     epoch: int = 0  # times retracted: a batch planned before a retraction drops this request's token
+    # prompt logprobs: (logprob, top) of prompt tokens [first scored, next_scored), filled by prefill passes
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    next_scored: int = 0  # the next prompt token whose logprob is owed (prompt_len: none)
 
     def __post_init__(self) -> None:
         self.device_len = len(self.input_ids)
         self.max_device_len = len(self.input_ids) + self.sampling.max_tokens
+        start = self.sampling.prompt_logprobs_from
+        self.next_scored = len(self.input_ids) if start < 0 else min(max(start, 1), len(self.input_ids))
 
     @property
     def prompt_len(self) -> int:
@@ -128,6 +162,13 @@ class Req:
 
     def all_token_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
+
+    @property
+    def match_limit(self) -> int:
+        """How many leading tokens of ``fill_ids`` a prefix-cache hit may cover: all but the last (its
+        logits are needed), and none whose logits a prompt logprob still needs (position p scores p + 1)."""
+        n = len(self.fill_ids) - 1
+        return min(n, self.next_scored - 1) if self.next_scored < self.prompt_len else n
 
     @property
     def fill_ids(self) -> list[int]:
@@ -208,6 +249,7 @@ class Batch:
     attn_metadata: Any = None
     padded_size: int = 0  # >= len(reqs) when a CUDA graph pads the batch
     riders: int = 0  # the last ``riders`` rows of a prefill batch are decoding requests' next tokens
+    extras: Any = None  # logprobs to compute, rows to mask (minisgl/scheduler/extras.py); None: neither
 
     @property
     def size(self) -> int:

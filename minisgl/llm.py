@@ -29,6 +29,11 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # with SamplingParams.logprobs / top_logprobs: per output token, its logprob and [(token id, logprob)]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    # with SamplingParams.prompt_logprobs_from = s: (logprob, top) of prompt tokens max(s, 1).. (token 0 has none)
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class LLM:
@@ -95,6 +100,9 @@ class LLM:
         sched = self.scheduler
         uids = [next(self._uids) for _ in ids]
         reqs = [sched.make_request(u, i, p) for u, i, p in zip(uids, ids, params)]  # validate all first
+        for req in reqs:  # a grammar that does not compile (they compile in the background, together)
+            if (err := sched.extras.grammar.error(req)) is not None:
+                raise err
         outputs = {u: RequestOutput(t, i) for u, i, t in zip(uids, ids, texts)}
         for req in reqs:
             sched.add(req)
@@ -111,6 +119,11 @@ class LLM:
                     if out is None:
                         continue
                     out.token_ids.append(ev.token_id)
+                    if ev.logprob is not None:
+                        out.logprobs = (out.logprobs or []) + [ev.logprob]
+                        out.top_logprobs = (out.top_logprobs or []) + [ev.top_logprobs or []]
+                    if ev.prompt_logprobs is not None:
+                        out.prompt_logprobs = ev.prompt_logprobs
                     if ev.finish_reason is not None:
                         out.finish_reason = ev.finish_reason
                         pending.discard(ev.uid)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "minisgl"
 LAYERS: list[set[str]] = [
     {"env", "registry", "process", "utils"},  # foundations: no engine concepts
     {"core", "kernels", "message", "tokenizer"},  # the data model, kernels, wire format, tokenizers
-    {"distributed", "kvcache"},  # collectives; KV memory (pool, pages, page table, prefix caches)
+    {"distributed", "kvcache", "grammar"},  # collectives; KV memory (pool, pages, page table, prefix caches); masks
     {"attention"},  # backends over the KV pool
     {"layers"},  # norm, rotary, activation, TP linear/embedding, the attention layer
     {"models"},  # config, the decoder, weights

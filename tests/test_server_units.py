@@ -84,8 +84,8 @@ def test_request_validation_and_defaults():
     assert CompletionRequest(prompt=[[1, 2], [3]]).prompts() == [[1, 2], [3]]
     assert CompletionRequest(prompt=[1, 2]).prompts() == [[1, 2]]
     assert CompletionRequest(prompt=["a", "b"], stop="x").stop == ["x"]
-    assert CompletionRequest(prompt="a", logprobs=0).unsupported_field() is None
-    assert CompletionRequest(prompt="a", logprobs=2).unsupported_field() == "logprobs"
+    assert CompletionRequest(prompt="a", logprobs=2, echo=True).unsupported_field() is None  # implemented now
+    assert CompletionRequest(prompt="a", suffix="b").unsupported_field() == "suffix"
     assert ChatCompletionRequest(messages=USER, presence_penalty=0.5).unsupported_field() == "presence_penalty"
     with pytest.raises(ValidationError) as e:
         ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], top_p=2, max_tokens="3")

@@ -61,6 +61,7 @@ class Components:
     loop: str = "auto"  # minisgl.scheduler.LOOPS; auto = "overlap" on CUDA, else "plain"
     graph_plan: str = "default"  # minisgl.engine.graph.GRAPH_PLANS (CUDA graphs: sizes, buckets, padding)
     detokenizer: str = "default"  # minisgl.tokenizer.detokenizer.DETOKENIZERS (the server's text, the shell's)
+    grammar: str = "default"  # minisgl.grammar.GRAMMAR_BACKENDS (constrained decoding; default: xgrammar)
 
 
 @dataclass

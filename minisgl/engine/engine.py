@@ -18,6 +18,7 @@ from minisgl.core import Batch
 from minisgl.distributed import get_tp_info, init_distributed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
+from minisgl.engine.logprobs import SampleExtras, log_probs, score, score_prompt
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
 from minisgl.kernels.jit import cpu_module
 from minisgl.kvcache import REQ_TABLES, KVPool
@@ -147,16 +148,34 @@ class Engine:
         self.sampler.sample(torch.zeros(1, vocab, dtype=self.dtype, device=self.device), info)
 
     @torch.inference_mode()
-    def forward_batch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:
-        """Run the model on ``batch`` and sample: next token ids ``[batch.size]`` on the device."""
+    def forward_batch(self, batch: Batch, info: SamplingInfo, extras: SampleExtras | None = None) -> torch.Tensor:
+        """Run the model on ``batch`` and sample: next token ids ``[batch.size]`` on the device.
+        ``extras``: a grammar mask applied to the logits before sampling, and logprobs to compute
+        (written into ``extras``; ``minisgl/engine/logprobs.py``)."""
+        prompt = extras is not None and extras.prompt_idx is not None
         with forward_context(batch, self.attn_backend):
-            if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            if self.graph_runner is not None and self.graph_runner.can_run(batch) and not prompt:
                 logits = self.graph_runner.replay(batch)
             else:
                 self.attn_backend.prepare_metadata(batch)
-                logits = self.model(batch.input_ids, batch.positions, batch.logit_idx)
+                if prompt:  # the hidden states of every position: some score prompt tokens
+                    hidden = self.model.model(batch.input_ids, batch.positions)
+                    logits = self.model.lm_head(hidden[batch.logit_idx])
+                    extras.prompt = score_prompt(
+                        self.model.lm_head, hidden, extras.prompt_idx, extras.prompt_targets, extras.top_k
+                    )
+                else:
+                    logits = self.model(batch.input_ids, batch.positions, batch.logit_idx)
+        logits = logits[: batch.size]
+        if extras is not None and extras.mask is not None:
+            with nvtx_range("grammar mask"):
+                extras.mask(logits)
+        logprobs = log_probs(logits[extras.rows]) if extras is not None and extras.rows is not None else None
         with nvtx_range("sample"):
-            return self.sampler.sample(logits[: batch.size], info)
+            tokens = self.sampler.sample(logits, info)
+        if logprobs is not None:
+            extras.sampled = score(logprobs, tokens[extras.rows], extras.top_k)
+        return tokens
 
     def shutdown(self) -> None:
         from minisgl.distributed import destroy_distributed

@@ -47,8 +47,26 @@ class Addresses:
         return cls(*(f"ipc://{prefix}/{name}" for name in ("tokenizer", "scheduler", "detokenizer", "frontend")))
 
 
+@dataclass
+class TokenLogprobs:
+    """Logprobs of some tokens of a request (``minisgl/engine/logprobs.py``), inside a ``TokenMsg`` or
+    ``ReplyMsg``. Prompt logprobs: ``token_ids`` is the whole prompt and the lists are aligned with
+    its last ``len(logprobs)`` tokens (the first token is never scored)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)  # the most likely tokens at each step
+    top_vals: list[list[float]] = field(default_factory=list)
+
+    def extend(self, other: TokenLogprobs) -> None:
+        self.token_ids += other.token_ids
+        self.logprobs += other.logprobs
+        self.top_ids += other.top_ids
+        self.top_vals += other.top_vals
+
+
 _TAG = "__msg__"
-_TYPES: dict[str, type] = {"SamplingParams": SamplingParams}  # what may appear on the wire
+_TYPES: dict[str, type] = {"SamplingParams": SamplingParams, "TokenLogprobs": TokenLogprobs}  # may appear on the wire
 _MESSAGES: list[type] = []  # what may be a whole frame
 
 
@@ -129,6 +147,8 @@ class TokenMsg:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    logprobs: TokenLogprobs | None = None  # this token's (SamplingParams.logprobs / top_logprobs)
+    prompt_logprobs: TokenLogprobs | None = None  # on the first token (SamplingParams.prompt_logprobs_from)
 
 
 @_register
@@ -149,6 +169,9 @@ class ReplyMsg:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: TokenLogprobs | None = None  # of token_ids, when asked for
+    prompt_logprobs: TokenLogprobs | None = None  # on the first reply, when asked for
+    pieces: dict[int, list[int]] | None = None  # the bytes of each token id the logprobs name
 
 
 @_register
@@ -310,6 +333,7 @@ __all__ = [
     "StatsReqMsg",
     "TextMsg",
     "TextReqMsg",
+    "TokenLogprobs",
     "TokenMsg",
     "TokenizeMsg",
     "decode",

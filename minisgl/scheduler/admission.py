@@ -100,9 +100,9 @@ class AdmissionContext:
     def match(self, req: Req) -> int:
         """Find and lock ``req``'s longest cached prefix (locked, it cannot be evicted; pages it
         protects stop counting as available). Returns its length in tokens. Undo with ``unmatch``."""
-        # all but the last token: a full hit must still compute that token's logits
-        fill = req.fill_ids
-        m = self._cache.match(fill[: len(fill) - 1])
+        # all but the last token (a full hit must still compute that token's logits), and none a prompt
+        # logprob still needs
+        m = self._cache.match(req.fill_ids[: req.match_limit])
         self._cache.lock(m.handle)
         self._matches[req] = m
         return m.length

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass
@@ -15,6 +15,11 @@ class TokenEvent:
     uid: int
     token_id: int
     finish_reason: str | None = None
+    # with SamplingParams.logprobs / top_logprobs: this token's logprob and the most likely tokens'
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    # with SamplingParams.prompt_logprobs_from (on the first token): (logprob, top) per scored prompt token
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 @dataclass
@@ -66,3 +71,27 @@ class CacheStats:
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def batch_event(sched: Any, batch: Any, index: int) -> BatchEvent:
+    """The record of a batch just prepared (``Scheduler.prepare``; ``sched`` is the scheduler)."""
+    p, cache = sched.page_size, sched.cache.cache
+    cached = (cache.evictable_size + cache.protected_size) // p
+    free = sched.cache.allocator.num_free
+    hits = sum(r.hit_len for r, s in zip(batch.reqs, batch.starts) if batch.is_prefill and s == r.hit_len)
+    return BatchEvent(
+        index=index,
+        kind=batch.phase,
+        uids=[r.uid for r in batch.reqs],
+        starts=list(batch.starts),
+        ends=list(batch.ends),
+        riders=batch.riders,
+        hit_tokens=hits,
+        pages_used=sched.engine.num_pages - free - cached,
+        pages_cached=cached,
+        pages_free=free,
+        num_waiting=sched.num_waiting,
+        num_running=sched.num_running,
+        t_scheduled=sched._t_schedule,
+        retracted=sched._retracted,
+    )

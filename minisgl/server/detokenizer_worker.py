@@ -17,11 +17,13 @@ from minisgl.message import (
     ReadyMsg,
     ReplyMsg,
     StatsMsg,
+    TokenLogprobs,
     TokenMsg,
     encode,
 )
 from minisgl.server.ipc import MsgReader
 from minisgl.server.tokenizer_worker import start_text_worker
+from minisgl.tokenizer import token_bytes
 from minisgl.tokenizer.detokenizer import Detokenizer, IncrementalDecoder, text_streams
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,13 @@ def add_token(
     text = dec.push([t.token_id])  # first: a token that cannot be decoded leaves the reply as it was
     reply.token_ids.append(t.token_id)
     reply.text += text
+    for lp, field in ((t.logprobs, "logprobs"), (t.prompt_logprobs, "prompt_logprobs")):
+        if lp is not None:  # the tokens they name, as bytes: the API server has no tokenizer
+            if getattr(reply, field) is None:
+                setattr(reply, field, TokenLogprobs())
+            getattr(reply, field).extend(lp)
+            ids = {i for i in lp.token_ids} | {i for top in lp.top_ids for i in top}
+            reply.pieces = (reply.pieces or {}) | dict(zip(ids, token_bytes(tokenizer, list(ids))))
     if t.finish_reason is not None:
         reply.text += dec.flush()
         reply.finish_reason = t.finish_reason

@@ -1,17 +1,15 @@
-"""One HTTP request's sequences as the client sees them, and how they are answered (a JSON body or
-a stream of server-sent events).
+"""One HTTP request's sequences as the client sees them, and how they are answered (a JSON body or a stream of SSE).
 
 The HTTP status is chosen once every sequence has produced its first reply (a token, or a refusal:
 milliseconds), so bad input always gets a proper 4xx, even on a stream. A stream begins anyway after
 ``--sse-keepalive`` s (queued behind a full KV pool), and gets a ``KEEPALIVE`` after each such silence.
 
-Stop *strings* are applied here, on the text (stop *token ids* are the scheduler's job), by the
-server's ``StopStrings`` (``minisgl.tokenizer.detokenizer``): text that might be the start of a stop
-string is held back until it is known not to be one, and a sequence that hits one is aborted in the
-scheduler.
+Stop *strings* are applied here, on the text (stop *token ids* are the scheduler's job), by the server's
+``StopStrings`` (``minisgl.tokenizer.detokenizer``): text that might be the start of a stop string is held
+back until it is known not to be one, and a sequence that hits one is aborted in the scheduler.
 
-With ``--request-timeout`` (``Frontend.request_timeout``), a request still unfinished that many
-seconds after it was submitted is aborted: a 504 before a stream begins, an error event after.
+With ``--request-timeout`` (``Frontend.request_timeout``), a request still unfinished that many seconds after it
+was submitted is aborted: a 504 before a stream begins, an error event after.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from fastapi.responses import StreamingResponse
 
 from minisgl.message import ErrorMsg, ReplyMsg, TokenizeMsg
 from minisgl.server.errors import ApiError, ClientDisconnected, error_body
+from minisgl.server.logprobs import SeqLogprobs
 from minisgl.tokenizer.detokenizer import StopStrings
 
 if TYPE_CHECKING:
@@ -60,6 +59,7 @@ class Seq:
     hit_stop_string: bool = False
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    lp: SeqLogprobs = field(default_factory=SeqLogprobs)
 
     def feed(self, r: ReplyMsg) -> None:
         self.started = True
@@ -67,6 +67,7 @@ class Seq:
         if self.finish_reason is not None:
             return
         self.token_ids += r.token_ids
+        self.lp.feed(r)
         self.text += self.stops.feed(r.text)
         if self.stops.stopped:
             self.finish_reason, self.hit_stop_string = "stop", True
@@ -136,8 +137,7 @@ class Generation:
             self.stop_watching()
 
     async def updates(self, request: Request | None = None, beat: KeepAlive | None = None) -> AsyncIterator[Seq | Tick]:
-        """Yield each sequence when it has news, until all are finished; ``TICK`` when the client is
-        owed a keep-alive (``beat``)."""
+        """Yield each sequence when it has news, until all are done; ``TICK`` when a keep-alive is owed (``beat``)."""
         for s in self.seqs:  # what start() already received
             yield s
         while not self.done:

@@ -73,7 +73,10 @@ async def generate(req: GenerateRequest, request: Request):
     if req.text == "" or req.input_ids == []:
         raise ApiError(400, "the prompt is empty", "text" if req.text is not None else "input_ids")
     p = req.sampling_params
-    msg = TokenizeMsg(fe.new_uid(), p.sampling(), text=req.text, input_ids=req.input_ids)
+    sp = p.sampling()
+    if req.return_logprob:  # SGLang's fields; the logprobs are meta_info's, as SGLang returns them
+        sp.logprobs, sp.top_logprobs, sp.prompt_logprobs_from = True, req.top_logprobs_num, req.logprob_start_len
+    msg = TokenizeMsg(fe.new_uid(), sp, text=req.text, input_ids=req.input_ids)
     gen = Generation(fe, [msg], p.stop)
     rid = uuid.uuid4().hex
 
@@ -84,7 +87,10 @@ async def generate(req: GenerateRequest, request: Request):
             "prompt_tokens": s.prompt_tokens,
             "completion_tokens": len(s.token_ids),
             "cached_tokens": s.cached_tokens,
-        }
+        } | (logprobs(s) if req.return_logprob else {})
+
+    def logprobs(s: Seq) -> dict:  # all so far, also in a stream's chunks (SGLang's default)
+        return s.lp.sglang(req.return_text_in_logprobs, req.top_logprobs_num > 0, req.logprob_start_len)
 
     def events(s: Seq):
         text, ids = s.take_text(), s.take_ids()

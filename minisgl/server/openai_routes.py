@@ -101,7 +101,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     chunk = stream_chunker(rid, "chat.completion.chunk", gen.created, model, req.include_usage)
 
     def delta(s: Seq, d: dict, reason: str | None) -> str:
-        return chunk([{"index": s.index, "delta": d, "logprobs": None, "finish_reason": reason}])
+        lp = s.lp.chat(s.lp.take()) if req.logprobs and (d or reason) else None
+        return chunk([{"index": s.index, "delta": d, "logprobs": lp, "finish_reason": reason}])
 
     def events(s: Seq):
         text = s.take_text()
@@ -116,7 +117,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
             {
                 "index": s.index,
                 "message": {"role": "assistant", "content": s.text},
-                "logprobs": None,
+                "logprobs": s.lp.chat(range(len(s.lp.out.logprobs))) if req.logprobs else None,
                 "finish_reason": s.finish_reason,
             }
             for s in gen.seqs
@@ -132,7 +133,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
 async def completions(req: CompletionRequest, request: Request):
     prompts = req.prompts()
     fe = check_supported(request, req, len(prompts))
-    sp = req.sampling(req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS)
+    sp = req.sampling(COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens)
+    scoring_only = req.max_tokens == 0  # echo: the prompt (and its logprobs), the one token run is not shown
     msgs = []
     for p in prompts:
         for j in range(req.n):
@@ -142,19 +144,39 @@ async def completions(req: CompletionRequest, request: Request):
     rid, model = f"cmpl-{uuid.uuid4().hex}", fe.model_name
     chunk = stream_chunker(rid, "text_completion", gen.created, model, req.include_usage)
 
+    def echoed(s: Seq) -> str:
+        p = prompts[s.index // req.n]
+        return p if isinstance(p, str) else s.lp.prompt_text()
+
+    def logprobs(s: Seq, idx: range, first: bool) -> dict | None:
+        return None if req.logprobs is None else s.lp.completion(idx, req.echo and first)
+
     def events(s: Seq):
         # a chunk per step with new tokens, even if their text is not complete yet (or the model
         # has no tokenizer): clients time tokens by chunks
+        first = s.ids_sent == 0
         text, new_ids = s.take_text(), s.take_ids()
         reason = s.take_finish()
-        if text or new_ids or reason:
-            yield chunk([{"index": s.index, "text": text, "logprobs": None, "finish_reason": reason}])
+        if scoring_only:
+            text, new_ids = "", []
+        head = echoed(s) if req.echo and first else ""
+        if text or new_ids or reason or head:
+            lp = logprobs(s, s.lp.take(0 if scoring_only else None), first)
+            yield chunk([{"index": s.index, "text": head + text, "logprobs": lp, "finish_reason": reason}])
 
     def body() -> dict[str, Any]:
-        choices = [
-            {"index": s.index, "text": s.text, "logprobs": None, "finish_reason": s.finish_reason} for s in gen.seqs
-        ]
-        return response_body(gen, rid, "text_completion", model, choices)
+        choices = []
+        for s in gen.seqs:
+            head = echoed(s) if req.echo else ""
+            idx = range(0 if scoring_only else len(s.lp.out.logprobs))
+            text = head + ("" if scoring_only else s.text)
+            lp = logprobs(s, idx, True)
+            choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
+        out = response_body(gen, rid, "text_completion", model, choices)
+        if scoring_only:  # the token run to score the prompt is not an answer
+            u = out["usage"]
+            u["completion_tokens"], u["total_tokens"] = 0, u["prompt_tokens"]
+        return out
 
     tail = usage_tail(chunk, gen, req.include_usage)
     return await stream_or_collect(gen, request, req.stream, events, body, tail=tail)

@@ -8,11 +8,12 @@ msgpack cannot encode a Python int of 2^64 or more) and strings are valid Unicod
 allows a lone surrogate such as ``"\\ud800"``, which UTF-8 cannot encode). What depends on the
 model (token ids in ``[0, vocab)``, the context length) is the scheduler's check (``make_request``).
 Unknown fields are ignored, as clients written for other servers send extras; fields we know but
-do not implement (logprobs, penalties, tools, ...) are refused rather than silently ignored.
+do not implement (penalties, tools, ...) are refused rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -27,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from minisgl.core import SamplingParams
+from minisgl.core import MAX_TOP_LOGPROBS, SamplingParams
 
 
 def _valid_unicode(s: str) -> str:
@@ -55,9 +56,6 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/compl
 
 # field -> values that mean "not used"; anything else is refused with a 400
 UNSUPPORTED = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
     "logit_bias": (None, {}),
@@ -67,8 +65,8 @@ UNSUPPORTED = {
     "tools": (None, []),
     "functions": (None, []),
     "tool_choice": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
 }
+TopLogprobs = Annotated[int, Strict(), Field(ge=0, le=MAX_TOP_LOGPROBS)]  # OpenAI's bound (0..20)
 
 
 def stop_list(v: str | list[str] | None) -> list[str]:
@@ -83,6 +81,32 @@ def stop_list(v: str | list[str] | None) -> list[str]:
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    name: Text | None = None
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object`` (any JSON object) or
+    ``json_schema`` (``{"json_schema": {"name", "schema", "strict"}}``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError('response_format of type "json_schema" needs json_schema.schema')
+        return self
+
+    def schema_text(self) -> str | None:
+        if self.type == "json_object":
+            return '{"type": "object"}'
+        return json.dumps(self.json_schema.schema_) if self.type == "json_schema" else None
 
 
 class _Request(BaseModel):
@@ -103,6 +127,19 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False  # extension
     user: Text | None = None
+    response_format: ResponseFormat | None = None
+    regex: Text | None = None  # extension (SGLang's): the output matches this regex
+    ebnf: Text | None = None  # extension (SGLang's): the output is in this grammar
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> _Request:
+        if sum(x is not None for x in (self.json_schema_text, self.regex, self.ebnf)) > 1:
+            raise ValueError("give at most one of response_format (json_object, json_schema), regex and ebnf")
+        return self
+
+    @property
+    def json_schema_text(self) -> str | None:
+        return None if self.response_format is None else self.response_format.schema_text()
 
     @field_validator("stop")
     @classmethod
@@ -130,6 +167,9 @@ class _Request(BaseModel):
             ignore_eos=self.ignore_eos,
             stop_token_ids=list(self.stop_token_ids or []),
             seed=self.seed,
+            json_schema=self.json_schema_text,
+            regex=self.regex,
+            ebnf=self.ebnf,
         )
 
 
@@ -162,6 +202,19 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInt32 | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: TopLogprobs | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def sampling(self, max_tokens: int | None) -> SamplingParams:
+        sp = super().sampling(max_tokens)
+        sp.logprobs, sp.top_logprobs = bool(self.logprobs), (self.top_logprobs or 0) if self.logprobs else 0
+        return sp
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -173,6 +226,21 @@ Prompt = Text | list[Text] | list[Int32] | list[list[Int32]]
 
 class CompletionRequest(_Request):
     prompt: Prompt
+    max_tokens: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)] | None = None  # 0: only with echo
+    logprobs: TopLogprobs | None = None  # the most likely tokens per step (0: the chosen token's only)
+    echo: StrictBool = False  # the prompt, before the completion (with logprobs: scored too)
+
+    @model_validator(mode="after")
+    def _check_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1 (0 only with echo: score the prompt, generate nothing)")
+        return self
+
+    def sampling(self, max_tokens: int | None) -> SamplingParams:
+        sp = super().sampling(max(max_tokens, 1) if max_tokens is not None else None)  # 0: one token, not shown
+        sp.logprobs, sp.top_logprobs = self.logprobs is not None, self.logprobs or 0
+        sp.prompt_logprobs_from = 0 if self.echo else -1  # echo shows the prompt's tokens: made from its logprobs
+        return sp
 
     @field_validator("prompt")
     @classmethod
@@ -204,6 +272,9 @@ class NativeSampling(BaseModel):
     stop_token_ids: list[Int32] | None = None
     ignore_eos: StrictBool = False
     seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)  # 63-bit seeds
+    json_schema: Text | None = None  # SGLang's constraints: at most one
+    regex: Text | None = None
+    ebnf: Text | None = None
 
     @field_validator("stop")
     @classmethod
@@ -219,6 +290,9 @@ class NativeSampling(BaseModel):
             ignore_eos=self.ignore_eos,
             stop_token_ids=list(self.stop_token_ids or []),
             seed=self.seed,
+            json_schema=self.json_schema,
+            regex=self.regex,
+            ebnf=self.ebnf,
         )
 
 
@@ -231,3 +305,7 @@ class GenerateRequest(BaseModel):
     input_ids: list[Int32] | None = None
     sampling_params: NativeSampling = Field(default_factory=NativeSampling)
     stream: StrictBool = False
+    return_logprob: StrictBool = False  # SGLang's logprob fields (meta_info's *_token_logprobs)
+    top_logprobs_num: TopLogprobs = 0
+    logprob_start_len: Annotated[int, Strict(), Field(ge=-1, le=2**31 - 1)] = -1  # -1: no prompt logprobs
+    return_text_in_logprobs: StrictBool = False  # each logprob's token text too (else null)

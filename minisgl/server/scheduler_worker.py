@@ -39,6 +39,7 @@ from minisgl.message import (
     ReadyMsg,
     StatsMsg,
     StatsReqMsg,
+    TokenLogprobs,
     TokenMsg,
     encode,
 )
@@ -51,6 +52,7 @@ from minisgl.server.ipc import MsgReader, bind_inbox
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500  # an idle scheduler still wakes up this often
+COMPILE_POLL_MS = 5  # how often an otherwise idle scheduler looks whether a grammar has compiled
 MAX_MSGS_PER_STEP = 256  # messages taken between two steps (the rest wait for the next)
 BUSY_EVERY_S = 0.5  # the busy thread reports every this often, once a step has run this long
 ACCEPTS = (GenerateMsg, AbortMsg, StatsReqMsg, FlushCacheReqMsg, ReadyMsg, PingMsg)  # from the tokenizer
@@ -65,6 +67,7 @@ class SchedulerWorker:
         self.sched, self.config = sched, sched.config
         self.tp_size = self.config.tp_size
         self.reqs: dict[int, Any] = {}  # uid -> Req, while the request lives (for its prompt counts)
+        self.compiling: list[Any] = []  # requests whose grammar compiles (in the background), not yet added
         self.finished = self.aborted = self.rejected = 0
         self.reader = MsgReader("scheduler", ACCEPTS)
         self.step_started: float | None = None  # monotonic time, while inside sched.step()
@@ -133,7 +136,7 @@ class SchedulerWorker:
         import zmq
 
         msgs: list[Any] = []
-        timeout = 0 if self.sched.has_work else IDLE_POLL_MS
+        timeout = 0 if self.sched.has_work else COMPILE_POLL_MS if self.compiling else IDLE_POLL_MS
         if self.inbox.poll(timeout):
             # at most MAX_MSGS_PER_STEP: a flood that arrives as fast as it is read must not keep
             # the running requests from ever stepping again
@@ -157,14 +160,33 @@ class SchedulerWorker:
             self.rejected += 1
             self._send(ErrorMsg(msg.uid, str(err), 400, code=err.code, param=err.param))
             return
-        self.sched.add(req)
-        self.reqs[msg.uid] = req
+        self.compiling.append(req)
+        self._add_compiled()
+
+    def _add_compiled(self) -> None:
+        """Add the requests whose grammar has compiled (or that have none); refuse those whose grammar
+        does not compile. The compile runs on a thread of the scheduler: the loop steps meanwhile."""
+        waiting, self.compiling = self.compiling, []
+        grammar = self.sched.extras.grammar
+        for req in waiting:
+            if not grammar.ready(req):
+                self.compiling.append(req)
+            elif (err := grammar.error(req)) is not None:
+                self.rejected += 1
+                self._send(ErrorMsg(req.uid, str(err), 400, code=err.code, param=err.param))
+            else:
+                self.sched.add(req)
+                self.reqs[req.uid] = req
 
     def _apply(self, msg: Any, out: list[TokenMsg]) -> None:
         if isinstance(msg, GenerateMsg):
             self._generate(msg)
         elif isinstance(msg, AbortMsg):
-            if self.sched.abort(msg.uid):
+            compiling = [r for r in self.compiling if r.uid == msg.uid]
+            if compiling:
+                self.compiling.remove(compiling[0])
+                out.append(TokenMsg(msg.uid, -1, "abort"))
+            elif self.sched.abort(msg.uid):
                 self.aborted += 1
                 self.reqs.pop(msg.uid, None)
                 out.append(TokenMsg(msg.uid, -1, "abort"))
@@ -231,14 +253,29 @@ class SchedulerWorker:
                     req = self.reqs.get(ev.uid)
                     if req is None:  # aborted meanwhile (the scheduler drops those; belt and braces)
                         continue
-                    out.append(TokenMsg(ev.uid, ev.token_id, ev.finish_reason, req.prompt_len, req.hit_len))
+                    lps = token_logprobs(ev, req)
+                    out.append(TokenMsg(ev.uid, ev.token_id, ev.finish_reason, req.prompt_len, req.hit_len, *lps))
                     if ev.finish_reason is not None:
                         self.finished += 1
                         del self.reqs[ev.uid]
+            if self.compiling:
+                self._add_compiled()
             if out:
                 self._send(BatchTokenMsg(out))
             if self.flushes:
                 self._answer_flushes()
+
+
+def token_logprobs(ev: Any, req: Any) -> tuple[TokenLogprobs | None, TokenLogprobs | None]:
+    """A ``TokenEvent``'s logprobs as they travel: the token's, and the prompt's (first token only)."""
+    split = lambda tops: ([[i for i, _ in t] for t in tops], [[v for _, v in t] for t in tops])
+    out = prompt = None
+    if ev.logprob is not None:
+        out = TokenLogprobs([ev.token_id], [ev.logprob], *split([ev.top_logprobs or []]))
+    if ev.prompt_logprobs is not None:
+        lps = ev.prompt_logprobs
+        prompt = TokenLogprobs(list(req.input_ids), [lp for lp, _ in lps], *split([t for _, t in lps]))
+    return out, prompt
 
 
 def _architectures(model_path: Any) -> list[str] | None:

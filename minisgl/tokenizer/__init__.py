@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +46,39 @@ def tokenize(
             raise ValueError("this model has no tokenizer: send the prompt as token ids")
         return tokenizer.encode(text, add_special_tokens=True)
     return list(input_ids or [])
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, reversed: the character that stands for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def token_bytes(tokenizer: Any, ids: list[int]) -> list[list[int]]:
+    """The bytes each token stands for (OpenAI's ``bytes`` of a logprob): exact for byte-level BPE
+    (GPT-2, Llama 3, Qwen, SmolLM) and SentencePiece byte tokens; otherwise the UTF-8 of its text. A
+    token may hold part of a character, which its text alone cannot show."""
+    if tokenizer is None:
+        return [[] for _ in ids]
+    dec = _byte_decoder()
+    out = []
+    for i, tok in zip(ids, tokenizer.convert_ids_to_tokens(ids)):
+        if tok is None:
+            out.append([])
+        elif all(c in dec for c in tok):
+            out.append([dec[c] for c in tok])
+        elif len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):  # SentencePiece's byte fallback
+            out.append([int(tok[3:5], 16)])
+        elif "\u2581" in tok:  # SentencePiece's word boundary
+            out.append(list(tok.replace("\u2581", " ").encode()))
+        else:
+            out.append(list(tokenizer.decode([i]).encode()))
+    return out

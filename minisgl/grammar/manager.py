@@ -1,0 +1,179 @@
+"""The scheduler's side of constrained decoding: compiles off the loop, one matcher per request, and
+each batch's bitmask, filled while the forward pass runs.
+
+Compiling runs on one background thread (``compile``: a future per distinct constraint, cached), so
+a new schema costs the loop nothing; a request is prefilled while its grammar compiles, and its
+first sample waits for the compile only if it is still running then.
+
+A matcher must have seen every earlier token of its request before its row's mask is filled. With
+the overlap loop the previous token is still on the device when the next batch is launched, so the
+mask is made in ``launch``, around the forward pass (as SGLang does)::
+
+    launch(i+1):  gather from the token pool the tokens the matchers have not seen (batch i's)
+                  -> copy to the host (async) -> queue forward(i+1) -> wait for the copy (batch i
+                  is done; forward(i+1) runs on) -> accept them, fill the bitmask on the host while
+                  forward(i+1) runs -> copy it to the device -> mask the logits -> sample
+    process(i):   the same tokens reach the host; the matchers have seen them: nothing to do
+
+What overlaps the forward pass is the host's work of the mask (accepting tokens, filling rows, the
+copy); what the device waits for is only that work's tail. With the plain loop the matchers are
+current at launch and nothing is gathered. On the CPU every step is synchronous anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minisgl.core import Req, RequestError
+from minisgl.grammar.base import GRAMMAR_BACKENDS, GrammarBackend, GrammarError, Matcher, apply_bitmask, bitmask_words
+
+logger = logging.getLogger(__name__)
+
+COMPILED_KEPT = 256  # distinct constraints whose compiled form is kept (least recently used dropped)
+Spec = tuple[str, str]  # (kind, text): SamplingParams.grammar
+
+
+@dataclass
+class _Tracked:
+    future: Future
+    matcher: Matcher | None = None  # made at the request's first sample
+    consumed: int = 0  # output tokens the matcher has accepted
+    broken: bool = False  # compile failed or a token was refused: the row goes unmasked, the request stops
+
+
+class GrammarManager:
+    def __init__(self, backend: str, model_path: Path | None, vocab_size: int, stop_ids: Callable[[], set[int]]):
+        self.backend_name, self.model_path, self.vocab_size = backend, model_path, vocab_size
+        self._stop_ids = stop_ids
+        self.backend: GrammarBackend | None = None  # built by the compile thread, on first use
+        self._pool: ThreadPoolExecutor | None = None
+        self._compiled: OrderedDict[Spec, Future] = OrderedDict()
+        self._reqs: dict[Req, _Tracked] = {}
+
+    # ---- compiling (one background thread) ---------------------------------------------------
+    def compile(self, spec: Spec) -> Future:
+        fut = self._compiled.get(spec)
+        if fut is not None:
+            self._compiled.move_to_end(spec)
+            return fut
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        fut = self._compiled[spec] = self._pool.submit(self._compile, spec)
+        while len(self._compiled) > COMPILED_KEPT:
+            self._compiled.popitem(last=False)
+        return fut
+
+    def _compile(self, spec: Spec):
+        if self.backend is None:
+            from minisgl.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(self.model_path)
+            if tokenizer is None:
+                raise GrammarError("this model has no tokenizer; constrained decoding needs one")
+            cls = GRAMMAR_BACKENDS.get(self.backend_name)
+            self.backend = cls(tokenizer, self.vocab_size, sorted(self._stop_ids()))
+        return self.backend.compile(*spec)
+
+    def error(self, req: Req, wait: bool = True) -> RequestError | None:
+        """Why ``req``'s constraint cannot be compiled (None: it compiled, has none, or, with
+        ``wait=False``, is still compiling). Starts the compile if needed."""
+        spec = req.sampling.grammar
+        if spec is None:
+            return None
+        fut = self.compile(spec)
+        if not wait and not fut.done():
+            return None
+        exc = fut.exception()
+        return None if exc is None else RequestError(str(exc), spec[0])
+
+    def ready(self, req: Req) -> bool:
+        spec = req.sampling.grammar
+        return spec is None or self.compile(spec).done()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def track(self, req: Req) -> None:
+        if (spec := req.sampling.grammar) is not None:
+            self._reqs[req] = _Tracked(self.compile(spec))
+
+    def release(self, req: Req) -> None:
+        self._reqs.pop(req, None)
+
+    def masker(self, reqs: list[Req], rows: list[int], steps: list[int], token_pool: torch.Tensor):
+        """Call before the forward pass: for batch rows ``rows`` (their requests ``reqs``, sampling
+        output token number ``steps[i]``), start fetching the tokens their matchers lack. Returns
+        ``mask(logits)``, to call between the forward pass and sampling (None: no row constrained)."""
+        work = [(r, req, self._reqs[req], s) for r, req, s in zip(rows, reqs, steps) if req in self._reqs]
+        if not work:
+            return None
+        lag_rows, lag_pos = [], []  # tokens sampled but not yet on the host (the overlap loop's last batch)
+        for _, req, st, step in work:
+            for idx in range(max(st.consumed, len(req.output_ids)), step):
+                lag_rows.append(req.table_idx)
+                lag_pos.append(req.prompt_len + idx)
+        fetched, ready = None, None
+        if lag_rows:
+            dev = token_pool.device
+            fetched = token_pool[torch.tensor(lag_rows, device=dev), torch.tensor(lag_pos, device=dev)]
+            if dev.type == "cuda":
+                fetched = fetched.to("cpu", non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record()
+
+        def mask(logits: torch.Tensor) -> None:
+            if ready is not None:
+                ready.synchronize()
+            late = iter(fetched.tolist() if fetched is not None else ())
+            on_cuda = logits.device.type == "cuda"
+            bitmask = torch.full(
+                (logits.shape[0], bitmask_words(logits.shape[1])), -1, dtype=torch.int32, pin_memory=on_cuda
+            )
+            for row, req, st, step in work:
+                self._catch_up(req, st, step, late)
+                if not st.broken and not st.matcher.is_terminated():
+                    st.matcher.fill_bitmask(bitmask, row)
+            apply_bitmask(logits, bitmask.to(logits.device, non_blocking=True), [w[0] for w in work])
+
+        return mask
+
+    def _catch_up(self, req: Req, st: _Tracked, step: int, late) -> None:
+        """Make the matcher (first sample) and feed it output tokens ``[consumed, step)``: those on
+        the host from ``req.output_ids``, the rest from ``late`` (fetched from the device, in order)."""
+        if st.matcher is None and not st.broken:
+            exc = st.future.exception()  # waits, if the compile still runs
+            if exc is not None:
+                st.broken = True
+                logger.error("request %d: its grammar failed to compile: %s", req.uid, exc)
+            else:
+                st.matcher = self.backend.matcher(st.future.result())
+        n_host = len(req.output_ids)
+        for idx in range(st.consumed, step):
+            tok = req.output_ids[idx] if idx < n_host else next(late)
+            if not st.broken:
+                self._accept(req, st, tok)
+
+    def _accept(self, req: Req, st: _Tracked, token: int) -> None:
+        if st.matcher.is_terminated() or not st.matcher.accept_token(token):
+            st.broken = True
+            logger.warning("request %d: token %d is outside its grammar; the request stops", req.uid, token)
+        st.consumed += 1
+
+    def on_token(self, req: Req, index: int) -> bool:
+        """Output token ``index`` of ``req`` reached the host (``req.output_ids[index]``); True when
+        its grammar has ended (a stop token accepted) or broke: the request stops."""
+        st = self._reqs.get(req)
+        if st is None:
+            return False
+        if st.matcher is not None and not st.broken and index == st.consumed:
+            self._accept(req, st, req.output_ids[index])
+        return st.broken or (st.matcher is not None and st.matcher.is_terminated())
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,219 @@
+"""Structured output and logprobs through the server, on the embedded model: OpenAI's
+``response_format`` and ``logprobs`` / ``top_logprobs`` through the official ``openai`` client
+(streamed too), completions with ``echo`` the way ``lm-eval``'s loglikelihood asks and reads them,
+SGLang's ``/generate`` fields, ``n > 1`` and stop strings with a grammar, a client that leaves in the
+middle, and the 400s (a grammar that does not compile names the problem)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import torch
+from server_utils import ServerProcess, wait_idle
+
+from minisgl import LLM, SamplingParams
+
+MODEL = "SmolLM2-135M-Instruct"
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 2},
+    },
+    "required": ["name", "age"],
+}
+ASK = [{"role": "user", "content": "Describe a person as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory):
+    s = ServerProcess([], tmp_path_factory.mktemp("server-structured"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def llm(started):
+    # the offline reference (loads while the server starts), on one thread like the server: bf16
+    # reductions split over other thread counts round differently
+    torch.set_num_threads(1)
+    return LLM()
+
+
+@pytest.fixture(scope="module")
+def server(started, llm):
+    started.wait_ready()
+    return started
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def post(server, route: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{route}", json=body, timeout=120)
+
+
+def test_response_format_json_schema_and_json_object(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=80, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    tiny = [{"role": "user", "content": 'Return {"ok": true} as JSON.'}]
+    r = client.chat.completions.create(
+        model=MODEL, messages=tiny, temperature=0, max_tokens=60, response_format={"type": "json_object"}
+    )
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_chat_logprobs_match_the_engine_and_stream_the_same(client, llm):
+    kw = dict(model=MODEL, messages=ASK, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**kw)
+    content = r.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:  # greedy: the chosen token is the most likely one
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
+        assert c.top_logprobs[0].logprob == c.logprob and bytes(c.bytes).decode() == c.token
+    # twice: the server has this prompt cached (the test before), and a cached prefill rounds differently in bf16
+    for _ in range(2):
+        (off,) = llm.chat(ASK, SamplingParams(max_tokens=12, logprobs=True), use_tqdm=False)
+    assert [c.logprob for c in content] == pytest.approx(off.logprobs, abs=1e-3)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    streamed = [c for ch in chunks for choice in ch.choices if choice.logprobs for c in choice.logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+
+
+def test_completions_logprobs_and_echo_of_a_text_prompt(client):
+    r = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
+    )
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 4
+    assert all(len(t) <= 2 and max(t.values()) == v for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+    e = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2, echo=True
+    )
+    assert e.choices[0].text == "The capital of France is" + r.choices[0].text
+    elp = e.choices[0].logprobs
+    assert elp.token_logprobs[0] is None and elp.top_logprobs[0] is None
+    assert elp.tokens[-4:] == lp.tokens and elp.token_logprobs[-4:] == pytest.approx(lp.token_logprobs, abs=1e-3)
+    assert elp.text_offset[:2] == [0, len(elp.tokens[0])]
+
+
+def lm_eval_parse(choice: dict, ctxlen: int) -> tuple[float, bool]:
+    """What lm-eval's local-completions does with a choice (its parse_logprobs): the continuation is
+    ``tokens[ctxlen:-1]`` (the last entry is the one generated token)."""
+    lps = choice["logprobs"]["token_logprobs"][ctxlen:-1]
+    tops = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+    return sum(lps), all(lp == max(top.values()) for lp, top in zip(lps, tops))
+
+
+def test_lm_eval_loglikelihood_requests(server, llm):
+    """lm-eval's payload: token-id prompts (context + continuation) in one request, echo, logprobs=1,
+    max_tokens=1, temperature 0. The greedy continuation is greedy; a changed one is not; the
+    loglikelihood is the engine's (scored offline as a prompt)."""
+    ctx = llm.tokenizer.encode("The capital of France is")
+    (greedy,) = llm.generate([ctx], SamplingParams(max_tokens=3), use_tqdm=False)
+    other = [ctx + greedy.token_ids[:1] + [13]]
+    body = dict(
+        model=MODEL, prompt=[ctx + greedy.token_ids, *other], echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
+    out = post(server, "/v1/completions", body).json()
+    choices = sorted(out["choices"], key=lambda c: c["index"])
+    ll, is_greedy = lm_eval_parse(choices[0], len(ctx))
+    assert is_greedy and not lm_eval_parse(choices[1], len(ctx))[1]
+    # the reference scores the whole prompt too (a cached prefix would round differently in bf16)
+    (ref,) = llm.generate([ctx + greedy.token_ids], SamplingParams(max_tokens=1, prompt_logprobs_from=0))
+    assert ll == pytest.approx(sum(lp for lp, _ in ref.prompt_logprobs[len(ctx) - 1 :]), abs=1e-3)
+    assert len(choices[0]["logprobs"]["tokens"]) == len(ctx) + 3 + 1
+    # max_tokens 0 (older lm-eval, and OpenAI's legacy scoring): the prompt alone, nothing generated
+    body.update(max_tokens=0, prompt=ctx + greedy.token_ids)
+    zero = post(server, "/v1/completions", body).json()
+    c = zero["choices"][0]
+    assert len(c["logprobs"]["token_logprobs"]) == len(ctx) + 3 and zero["usage"]["completion_tokens"] == 0
+    assert c["text"] == llm.tokenizer.decode(ctx + greedy.token_ids) and c["finish_reason"] == "length"
+
+
+def test_native_generate_regex_and_sglang_logprob_fields(server):
+    body = {
+        "text": "My phone number is ",
+        "sampling_params": {"max_new_tokens": 20, "regex": r"\d{3}-\d{4}"},
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+    }
+    out = post(server, "/generate", body).json()
+    assert re.fullmatch(r"\d{3}-\d{4}", out["text"]), out["text"]
+    meta = out["meta_info"]
+    assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
+    assert meta["input_token_logprobs"][0][0] is None and len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+    assert all(len(top) <= 2 for top in meta["output_top_logprobs"]) and meta["input_top_logprobs"][0] is None
+    # the tokens' texts: the answer, then the EOS token that ended it (the answer's text leaves it out)
+    assert "".join(text for _, _, text in meta["output_token_logprobs"]) == out["text"] + "<|im_end|>"
+
+
+def test_n_choices_and_stop_strings_with_a_grammar(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    r = client.chat.completions.create(
+        model=MODEL, messages=ASK, temperature=0.8, seed=5, n=2, max_tokens=80, response_format=fmt
+    )
+    for c in r.choices:
+        jsonschema.validate(json.loads(c.message.content), PERSON)
+    r = client.completions.create(
+        model=MODEL, prompt="Call ", max_tokens=20, temperature=0, stop=["-"], extra_body={"regex": r"\d{3}-\d{4}"}
+    )
+    assert re.fullmatch(r"\d{3}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+
+
+def test_a_client_leaving_mid_grammar_frees_everything(server, client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    stream = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=200, stream=True, response_format=fmt, temperature=0
+    )
+    next(iter(stream))
+    stream.close()
+    wait_idle(server)
+
+
+@pytest.mark.parametrize(
+    "route, body, param, words",
+    [
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}},
+            "json_schema",
+            'Unsupported type "strin"',
+        ),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            None,
+            "needs json_schema.schema",
+        ),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}, "regex": "a+"}, None, "at most one"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, None, "needs logprobs: true"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", ""),
+        ("/v1/completions", {"max_tokens": 0}, None, "only with echo"),
+        ("/v1/completions", {"logprobs": 21}, "logprobs", ""),
+        ("/v1/completions", {"ebnf": "root ::= foo"}, "ebnf", 'Rule "foo" is not defined'),
+        ("/generate", {"sampling_params": {"regex": "[a-"}}, "regex", "Unclosed '['"),
+    ],
+)
+def test_bad_constraints_and_logprob_fields_get_a_400(server, route, body, param, words):
+    base = {"/v1/chat/completions": {"messages": ASK}, "/v1/completions": {"prompt": "Hi"}, "/generate": {"text": "Hi"}}
+    r = post(server, route, base[route] | body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"]
+    if param is not None:
+        assert err["param"] is not None and param in err["param"]

@@ -19,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
         from minisgl.server.shell import run_shell
 
         return run_shell(args)
+    from minisgl.server.dp import launch_dp, routed
+
+    if routed(args):
+        return launch_dp(args, sys.argv[1:] if argv is None else argv)
     from minisgl.server.launch import launch
 
     return launch(args)

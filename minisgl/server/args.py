@@ -13,6 +13,7 @@ from typing import Any
 from minisgl.engine.config import EngineConfig, add_engine_args, engine_kwargs
 from minisgl.env import help_table
 from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
+from minisgl.server.router_args import add_dp_args, check_dp_args
 
 DEFAULT_READ_TIMEOUT_S = 30.0  # --request-read-timeout
 DEFAULT_MAX_CONNECTIONS = 10_000  # --max-connections, unless the open-file limit allows fewer
@@ -49,6 +50,9 @@ class ServerArgs:
     dist_init_addr: str | None = None  # host:port of node 0's rendezvous (required with nnodes > 1)
     served_model_name: str | None = None  # the name clients see; None: --model as given (SGLang's flag)
     trust_remote_code: bool = False  # accepted for SGLang's command lines; never acted on
+    dp: int = 1  # replicas behind sglang-router (minisgl/server/router_args.py, dp.py); 1: this process serves
+    router_policy: str = "cache_aware"
+    worker_urls: list[str] = field(default_factory=list)  # replicas elsewhere the router also routes to
 
     @property
     def detokenizer(self) -> str:
@@ -167,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_args(ap.add_argument_group("engine"), step_time="auto")  # a server bounds its steps in time
     add_sglang_args(ap)
+    add_dp_args(ap)
     return ap
 
 
@@ -202,6 +207,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     if not 0 <= ns.sse_keepalive < float("inf"):  # also refuses nan
         ap.error(f"--sse-keepalive must be >= 0 seconds (0 = off), got {ns.sse_keepalive}")
     check_nodes(ap, ns, engine.get("tp_size", 1))
+    check_dp_args(ap, ns)
     return ServerArgs(
         engine,
         ns.host,
@@ -220,6 +226,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         dist_init_addr=ns.dist_init_addr,
         served_model_name=ns.served_model_name,
         trust_remote_code=ns.trust_remote_code,
+        dp=ns.dp,
+        router_policy=ns.router_policy,
+        worker_urls=ns.worker_urls,
     )
 
 

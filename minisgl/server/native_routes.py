@@ -19,7 +19,7 @@ from minisgl.message import TokenizeMsg
 from minisgl.server.errors import ApiError, error_response
 from minisgl.server.frontend import Frontend, frontend_of
 from minisgl.server.generation import Generation, Seq, sse, stream_or_collect
-from minisgl.server.openai_routes import check_model
+from minisgl.server.openai_routes import ROUTER_UNNAMED, check_model
 from minisgl.server.protocol import GenerateRequest, Int32, Text
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ async def generate(req: GenerateRequest, request: Request):
     """Native API: greedy by default (``SamplingParams``' defaults); returns token ids too."""
     fe = frontend_of(request)
     fe.check_ready()
+    if req.model not in (None, ROUTER_UNNAMED):
+        check_model(fe, req.model)
     if (req.text is None) == (req.input_ids is None):
         raise ApiError(400, "give exactly one of text or input_ids", "text")
     if req.text == "" or req.input_ids == []:

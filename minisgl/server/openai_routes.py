@@ -17,6 +17,9 @@ from minisgl.server.generation import Generation, Seq, stream_chunker, stream_or
 from minisgl.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
+# the model sglang-router writes into a request that names none (minisgl/server/dp.py): served as
+# a request without a model, like the client sent it
+ROUTER_UNNAMED = "unknown"
 
 
 def check_model(fe: Frontend, name: str) -> None:
@@ -45,7 +48,7 @@ def check_supported(request: Request, req: ChatCompletionRequest | CompletionReq
     and the sampling (context length, ``max_tokens``) is checked once, by the scheduler."""
     fe = frontend_of(request)
     fe.check_ready()
-    if req.model is not None:
+    if req.model not in (None, ROUTER_UNNAMED):
         check_model(fe, req.model)
     limit = request.app.state.max_sequences_per_request
     if num_prompts * req.n > limit:

@@ -309,3 +309,16 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: TopLogprobs = 0
     logprob_start_len: Annotated[int, Strict(), Field(ge=-1, le=2**31 - 1)] = -1  # -1: no prompt logprobs
     return_text_in_logprobs: StrictBool = False  # each logprob's token text too (else null)
+    # SGLang's GenerateReqInput fields that sglang-router writes into every /generate it forwards
+    # (minisgl/server/dp.py), and SGLang's bench_serving (lora_path, return_routed_experts): those
+    # that change nothing here take any value of their type; those that ask for what this server does
+    # not do take only their "off" value
+    model: Text | None = None
+    log_metrics: StrictBool = True
+    no_logs: StrictBool = False
+    return_hidden_states: Literal[False] = False
+    return_entropy: Literal[False] = False
+    return_bytes: Literal[False] = False
+    background: Literal[False] = False
+    lora_path: None = None
+    return_routed_experts: Literal[False] = False

@@ -2,6 +2,9 @@
 
     python -m minisgl.benchmark.offline                          # CPU workload, embedded model
     python -m minisgl.benchmark.offline --engine hf              # the same requests through HF
+    python -m minisgl.benchmark.offline --engine vllm --vllm-python ~/venv-vllm/bin/python   # vLLM's CPU build
+    python -m minisgl.benchmark.offline --engine llamacpp --dtype float32   # llama.cpp, the same weights
+    python -m minisgl.benchmark.offline --engine minisgl,hf,vllm --rounds 2 --dtype float32   # taking turns
     python -m minisgl.benchmark.offline --workload nano --model Qwen3-0.6B --dummy-weight   # GPU
     python -m minisgl.benchmark.offline --workload nano --model Qwen3-14B --dummy-weight --tp 2
 
@@ -16,6 +19,10 @@ Throughput = output tokens / wall time of the whole run (prefill included). A wa
 workload's first two prompts compiles what the run needs; every timed run then starts from an empty
 prefix cache. ``--repeats N`` times the workload N times in one process and reports the median.
 
+Peers (``peers.py``): vLLM's CPU build in its own environment, llama.cpp through llama-cpp-python on a
+GGUF of the same weights. A comma-separated ``--engine`` list runs each engine in its own process, once
+per round for ``--rounds`` rounds, and prints each one's median: the side-by-side tables of the manual.
+
 ``--step-times`` then runs it once more and splits the device's time between prefill batches and
 decode batches by batch size (CUDA events around each batch's launch; on a CPU, whose launches are
 synchronous, the host clock), plus the idle gaps between batches: where a run's seconds go.
@@ -27,12 +34,13 @@ import argparse
 import platform
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
-from minisgl.benchmark import append_result
+from minisgl.benchmark import append_result, peers
 from minisgl.core import SamplingParams
 from minisgl.engine.config import add_engine_args, engine_kwargs
 
@@ -232,11 +240,26 @@ ENGINE_FLAGS = [
 ]
 
 
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` less each of ``flags`` and its value (``--flag V`` or ``--flag=V``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in flags)):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="cpu", choices=["nano", "cpu", "shared"])
     ap.add_argument("--num-requests", type=int, default=None)
-    ap.add_argument("--engine", default="minisgl", choices=["minisgl", "hf"])
+    ap.add_argument("--engine", default="minisgl", help="minisgl, hf, vllm, llamacpp, or several: minisgl,hf")
+    ap.add_argument("--rounds", type=int, default=1, help="with several engines: each once per round")
+    ap.add_argument("--vllm-python", default=None, help="the interpreter of an environment with vLLM")
     add_engine_args(ap, ENGINE_FLAGS)
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--hf-max-requests", type=int, default=None, help="HF on a subset (it is slow)")
@@ -249,8 +272,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
-    if args.engine == "hf" and args.tp_size != 1:
-        ap.error("--tp applies to minisgl only (the HF baseline runs on one device)")
+    engines = [e for e in args.engine.split(",") if e]
+    if not engines or any(e not in peers.ENGINES for e in engines):
+        ap.error(f"--engine: one or more of {', '.join(peers.ENGINES)}, comma-separated; got {args.engine!r}")
+    if len(engines) > 1:
+        rest = _without(list(argv if argv is not None else sys.argv[1:]), "--engine", "--rounds", "--json")
+        res = {"rows": peers.take_turns(engines, rest, args.rounds), "args": rest, "time": time.strftime("%F %T")}
+        if args.json:
+            append_result(args.json, res)
+        return res
+    if args.engine != "minisgl" and args.tp_size != 1:
+        ap.error("--tp applies to minisgl only (the peers run on one device)")
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -258,7 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     engine_args = engine_kwargs(args, ENGINE_FLAGS[1:])  # the model is LLM's first argument
     if args.communicator:
         engine_args["components"] = {"communicator": args.communicator}
-    res = run_hf(w, args) if args.engine == "hf" else run_minisgl(w, args, engine_args)
+    runs = {"hf": run_hf, "vllm": peers.run_vllm, "llamacpp": peers.run_llamacpp}
+    res = run_minisgl(w, args, engine_args) if args.engine == "minisgl" else runs[args.engine](w, args)
     res["throughput"] = res["output_tokens"] / res["seconds"]
     res.update(
         engine=args.engine,

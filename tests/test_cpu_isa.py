@@ -199,3 +199,27 @@ def test_aarch64_portable_kernels_under_qemu(cases_file, harnesses):
     _torch_checks(got, cases)
     if jit.cpu_module("portable") is not None:
         _compare(got, _library("portable", cases), cases, "aarch64 under qemu")
+
+
+def test_the_level_is_chosen_by_the_cpu_and_narrowed_by_the_variable(monkeypatch):
+    """The widest level the CPU runs by default; MINISGL_CPU_ISA a narrower one; a level the CPU lacks
+    is an error that says what it runs; a name that is no level is refused when the variable is read.
+    dtype="auto" follows the level: bfloat16 only on avx512 with native bf16 (measured fastest there)."""
+    from minisgl.engine.config import _cpu_flags, default_cpu_dtype
+    from minisgl.env import ENV, Env
+
+    assert jit.cpu_isas()[-1] == "portable" and jit.isa() == jit.cpu_isas()[0]
+    with pytest.raises(ValueError, match="MINISGL_CPU_ISA='sse9'.*avx512, avx2, portable"):
+        Env({"MINISGL_CPU_ISA": "sse9"})
+    assert Env({"MINISGL_CPU_ISA": "AVX2"}).cpu_isa == "avx2"
+    monkeypatch.setattr(jit, "cpu_isas", lambda: ("avx2", "portable"))  # a CPU without AVX-512
+    monkeypatch.setattr(ENV, "cpu_isa", "avx512")
+    with pytest.raises(ValueError, match="cannot run it .it runs avx2, portable"):
+        jit.isa()
+    monkeypatch.setattr(ENV, "cpu_isa", "avx2")
+    assert jit.isa() == "avx2" and default_cpu_dtype() == torch.float32
+    monkeypatch.setattr(ENV, "cpu_isa", None)
+    assert jit.isa() == "avx2" and default_cpu_dtype() == torch.float32
+    monkeypatch.setattr(jit, "cpu_isas", lambda: ("avx512", "avx2", "portable"))
+    native = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+    assert default_cpu_dtype() == (torch.bfloat16 if native else torch.float32)

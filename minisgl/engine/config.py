@@ -76,7 +76,7 @@ class EngineConfig:
     )
     dtype: str = option(
         "auto",
-        "weights and KV dtype (auto: bfloat16 on GPUs and on CPUs with native bfloat16, else float32)",
+        "weights and KV dtype (auto: bfloat16 on GPUs and on AVX-512 CPUs with native bfloat16, else float32)",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     kv_cache_dtype: str = option(
@@ -250,18 +250,27 @@ class EngineConfig:
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@functools.cache
 def default_cpu_dtype() -> torch.dtype:
-    """bfloat16 on CPUs with native bfloat16 arithmetic (AVX512-BF16, AMX), where its matmuls
-    are several times faster than float32's (measured: 2.4x on an AVX512-BF16 EPYC, and half the
-    bytes of weights and KV to read per decode step); float32 elsewhere, where bfloat16 is emulated
-    and slow. Parity tests against HF pin ``dtype="float32"``."""
+    """The dtype measured fastest on the level the CPU kernels run (``minisgl.kernels.jit.isa()``;
+    minisgl/README.md, "The CPU decode step"): bfloat16 on avx512 where the CPU has native bfloat16
+    arithmetic (AVX512-BF16, AMX), where its matmuls are several times faster than float32's (2.4x on an
+    AVX512-BF16 EPYC) and a decode step reads half the bytes; float32 elsewhere. On avx2, bf16 weights
+    (widened to float32 in registers) made a decode step 7% faster at batch 1 but 5% slower at 64, and
+    torch's bf16 matmuls (prefill) are 5.6x slower than its float32 ones there; portable: unmeasured.
+    Parity tests against HF pin ``dtype="float32"``."""
+    from minisgl.kernels.jit import isa
+
+    native_bf16 = {"avx512_bf16", "amx_bf16"} & _cpu_flags()
+    return torch.bfloat16 if isa() == "avx512" and native_bf16 else torch.float32
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        flags = []
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else torch.float32
+        return frozenset()
 
 
 # ---- command-line flags, generated from the fields above -----------------------------------------

@@ -21,19 +21,27 @@ import torch.nn.functional as F
 
 from minisgl.kernels.jit import available, cpu_module, isa
 
-# Rows of x up to which linear() runs the kernel, by level (jit.ISAS): past them torch's matmul wins, or
-# is not measured to lose. avx512: 128 rows of the model's products took 77 ms in torch, 89 here (bf16).
-# portable: unmeasured where it matters (ARM); on x86 its SSE2 tiles lose to torch's BLAS past a few rows.
-MAX_ROWS = {"avx512": 64, "avx2": 64, "portable": 8}
-ROW_LIMIT = max(MAX_ROWS.values())
+# Rows of x up to which linear() runs the kernel, by level (jit.ISAS) and dtype: past them torch's matmul
+# wins, or is not measured to lose (minisgl/README.md, "The CPU decode step"). avx512: 128 rows of the
+# model's products took 77 ms in torch, 89 here (bf16). avx2 (AVX2 forced on a Xeon, torch too): a
+# float32 decode step of 64 requests took 247 ms with torch's matmul, 292 with the tiles (16 requests:
+# 122 against 101); in bf16 torch has no AVX2 kernel worth the name (3.4x slower at 64). portable:
+# unmeasured where it matters (ARM); on x86 its SSE2 tiles lose to torch's BLAS past a few rows.
+MAX_ROWS = {
+    "avx512": {torch.float32: 64, torch.bfloat16: 64},
+    "avx2": {torch.float32: 32, torch.bfloat16: 64},
+    "portable": {torch.float32: 8, torch.bfloat16: 8},
+}
+ROW_LIMIT = 64  # the most any level takes (the kernel's contract: batch invariance up to here)
 STREAM_ROWS = 8  # the one-row-at-a-time path (the kernel's kSmallRows)
 DTYPES = (torch.float32, torch.bfloat16)  # what the CPU kernels take
 
 
 def max_rows(dtype: torch.dtype) -> int:
     """Rows of x up to which :func:`linear` runs the kernel on the level in use (``jit.isa()``), for
-    ``dtype`` (float32 or bfloat16: the same on every level measured)."""
-    return MAX_ROWS[isa()]
+    ``dtype`` (float32 or bfloat16; 0 for others). The C++ decode layer takes steps of up to as many
+    requests (``models/cpu_decode.py``)."""
+    return MAX_ROWS[isa()].get(dtype, 0)
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -10,6 +10,8 @@ import pytest
 from hf_ref import hf_greedy
 
 from minisgl import LLM, SamplingParams
+from minisgl.env import ENV
+from minisgl.kernels import jit
 
 
 def shared_prefix_prompts(seed: int = 0) -> list[list[int]]:
@@ -69,6 +71,24 @@ def test_tiny_models_match_hf(tiny_model, tiny_refs, cfg):
     sched = llm.scheduler
     assert not sched.reqs and sched.num_running == 0
     sched.check_memory()
+
+
+@pytest.mark.parametrize("level", jit.cpu_isas()[1:])  # the widest runs every test above
+def test_tiny_models_match_hf_on_each_cpu_level(tiny_model, tiny_refs, level, monkeypatch):
+    """The narrower instruction-set levels of the C++ CPU kernels (MINISGL_CPU_ISA; avx2 and portable
+    on an AVX-512 machine) give HF's greedy tokens too, in a batch and on cache hits."""
+    monkeypatch.setattr(ENV, "cpu_isa", level)
+    assert jit.cpu_module() is not None and jit.cpu_module().isa() == level
+    refs, prompts = tiny_refs
+    llm = LLM(str(tiny_model), dtype="float32", debug_checks=True)
+    params = SamplingParams(max_tokens=N_NEW, ignore_eos=True)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert [o.token_ids for o in outs] == refs[tiny_model], f"{level}: a prompt's tokens differ from HF"
+        (out,) = llm.generate([prompts[4]], params, use_tqdm=False)
+        assert out.token_ids == refs[tiny_model][4] and out.cached_tokens > 0
+    finally:
+        llm.shutdown()
 
 
 def test_small_running_limit_matches_hf(tiny_llama, tiny_refs):

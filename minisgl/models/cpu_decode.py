@@ -3,7 +3,7 @@ CPU's counterpart of the CUDA graphs of ``engine/graph.py``. At batch 1 the Pyth
 time launching its ~25 ops than the CPU spends in them; the C++ layer runs the same kernels back to back.
 
 It takes a step only when the step is what the C++ layer computes: on the CPU, float32 or bfloat16,
-every request decoding one token (at most ``small_linear.max_rows``: 64 with AVX-512, else 8), the
+every request decoding one token (at most ``small_linear.max_rows``: by instruction-set level and dtype), the
 torch attention backend over an unquantized pool, tensor parallelism off, and every part of every
 layer the engine's own, and the engine's decode-attention kernel (``use_decode_kernel``): a norm,
 rotary, activation, linear layer or attention kernel swapped in through a seam runs itself, so the

@@ -191,20 +191,33 @@ def test_cache_aware_routing_hits_the_cache_more_than_round_robin(dp):
 
 
 def test_a_killed_replica_is_routed_around(dp):
-    """SIGKILL one replica's server: every request through the router still succeeds (the router
-    retries on the other), the launcher keeps serving and says which replica died, and the killed
-    replica's own workers exit (they watch their parent)."""
+    """SIGKILL the replica that cache-aware routing sends a prompt to: that prompt, sent again, still
+    succeeds every time (the router's retries reach the other replica once its circuit breaker opens,
+    before the health check drops the dead one), the launcher keeps serving and says which replica
+    died, and the killed replica's own workers exit (they watch their parent)."""
     ca, _ = dp
-    victim_port = int(ca.workers[1].rpartition(":")[2])
-    victim = next(c for c in psutil.Process(ca.proc.pid).children() if f"--port {victim_port}" in " ".join(c.cmdline()))
-    workers = [c.pid for c in victim.children(recursive=True)]
-    served = metric(ca.workers[0], "sglang:num_requests_total")
-    victim.kill()
     c = client(ca.url)
-    for i in range(6):
-        r = c.completions.create(model=MODEL, prompt=f"Request {i}: hello", max_tokens=2, temperature=0)
-        assert r.choices[0].text is not None
-    assert metric(ca.workers[0], "sglang:num_requests_total") == served + 6, "the survivor served them all"
+    prompt = "A prompt the router has seen before: " + "alpha beta gamma delta " * 20
+
+    def served() -> list[float]:
+        return [metric(w, "sglang:num_requests_total") for w in ca.workers]
+
+    before = served()
+    for _ in range(2):
+        c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    got = [a - b for a, b in zip(served(), before)]
+    assert sorted(got) == [0, 2], f"cache-aware routing sent one prompt to both replicas: {got}"
+    victim_url = ca.workers[got.index(2)]
+    survivor = ca.workers[got.index(0)]
+    victim_port = int(victim_url.rpartition(":")[2])
+    victim = next(p for p in psutil.Process(ca.proc.pid).children() if f"--port {victim_port}" in " ".join(p.cmdline()))
+    workers = [p.pid for p in victim.children(recursive=True)]
+    done = metric(survivor, "sglang:num_requests_total")
+    victim.kill()
+    for _ in range(6):
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+        assert r.choices[0].finish_reason == "length"
+    assert metric(survivor, "sglang:num_requests_total") == done + 6, "the survivor served them all"
     assert ca.proc.poll() is None, ca.text()
     assert wait_until(lambda: f"port {victim_port}) exited with code -9" in ca.text(), 5), ca.text()
     assert wait_until(lambda: not alive_pids(workers), 10), f"the killed replica left {alive_pids(workers)}"

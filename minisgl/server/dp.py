@@ -95,11 +95,16 @@ def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
 
 def router_command(args: ServerArgs, urls: list[str]) -> list[str]:
     """sglang-router's command line: the policy, the workers, and health checks every few seconds, so
-    a dead replica leaves the rotation in ~2 checks (its default is 60 s)."""
+    a dead replica leaves the rotation in ~2 checks (its default is 60 s); its requests meanwhile are
+    retried on another replica."""
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port)]
     cmd += ["--worker-urls", *urls, "--policy", args.router_policy]
     cmd += ["--health-check-interval-secs", str(ROUTER_HEALTH_INTERVAL_S), "--health-failure-threshold", "2"]
     cmd += ["--worker-startup-check-interval", "1", "--shutdown-grace-period-secs", "5"]
+    # a request sent to a replica that just died is retried (5 tries), but cache-aware routing picks the
+    # same replica again for the same prompt until the health check drops it: the circuit breaker,
+    # opened after 3 failures (default 10), sends the 4th try elsewhere; 10 s later it tries again
+    cmd += ["--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "10"]
     # its metrics (requests per worker, latencies) on a free loopback port: two routers must not collide
     cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     cmd += ["--log-level", {"warning": "warn"}.get(args.log_level, args.log_level)]

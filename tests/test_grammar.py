@@ -163,12 +163,12 @@ def test_retraction_and_abort_keep_grammars_consistent(tiny_llama):
     ps = [[3 + i] * (4 + 3 * i) for i in range(6)]
     sp = SamplingParams(max_tokens=40, regex=r"[a-z ]+")
     want = LLM(str(tiny_llama), dtype="float32", page_size=4).generate(ps, sp, use_tqdm=False)
-    for loop in ("plain", "overlap"):
-        small = LLM(str(tiny_llama), dtype="float32", page_size=4, num_pages=30, components={"loop": loop})
-        got = small.generate(ps, sp, use_tqdm=False)
-        assert small.scheduler.stats.retracted > 0, "the pool was meant to run out"
-        assert [g.token_ids for g in got] == [w.token_ids for w in want]
-        assert all(re.fullmatch(r"[a-z ]*", g.text) for g in got), [g.text for g in got]
+    # the overlap loop: a retracted request's token in flight is dropped, its matcher must not keep it
+    small = LLM(str(tiny_llama), dtype="float32", page_size=4, num_pages=30, components={"loop": "overlap"})
+    got = small.generate(ps, sp, use_tqdm=False)
+    assert small.scheduler.stats.retracted > 0, "the pool was meant to run out"
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert all(re.fullmatch(r"[a-z ]*", g.text) for g in got), [g.text for g in got]
     sched = small.scheduler
     sched.add_request(10_000, [5, 6, 7], SamplingParams(max_tokens=30, regex=r"[a-z]+"))
     for _ in range(3):
@@ -190,3 +190,24 @@ def test_bitmask_helpers_agree_with_xgrammar():
     apply_bitmask(logits, torch.stack([row, row, row]), [1])
     assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2]), "other rows untouched"
     assert torch.equal(torch.isfinite(logits[1]), allowed)
+
+
+def test_tp2_masks_and_scores_like_tp1(tiny_llama):
+    """Every rank compiles and steps its own matchers from the replicated commands: a constrained
+    request, one with logprobs (prompt too) and a plain one give TP=1's tokens and numbers."""
+    ps = [[3, 4, 5, 6], [7] * 9, [11, 12]]
+    sps = [
+        SamplingParams(max_tokens=10, regex=r"[a-z]{3,12}"),
+        SamplingParams(max_tokens=8, ignore_eos=True, logprobs=True, top_logprobs=2, prompt_logprobs_from=0),
+        SamplingParams(max_tokens=8, ignore_eos=True),
+    ]
+    ref = LLM(str(tiny_llama), dtype="float32").generate(ps, sps, use_tqdm=False)
+    llm = LLM(str(tiny_llama), dtype="float32", tp_size=2)
+    try:
+        got = llm.generate(ps, sps, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+    assert re.fullmatch(r"[a-z]{3,12}", got[0].text) or got[0].finish_reason == "length"
+    assert got[1].logprobs == pytest.approx(ref[1].logprobs, abs=1e-4)
+    assert [x[0] for x in got[1].prompt_logprobs] == pytest.approx([x[0] for x in ref[1].prompt_logprobs], abs=1e-4)

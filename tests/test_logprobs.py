@@ -48,15 +48,23 @@ def check_against_hf(path, prompt: list[int], out, k: int) -> None:
         assert top[0][1] == pytest.approx(float(ref[i].max()), abs=ATOL)
 
 
-CONFIGS = {
-    "plain, chunks of 8, radix": dict(max_prefill_length=8),
-    "overlap loop, no chunking, page 4": dict(components={"loop": "overlap"}, page_size=4),
+CONFIGS = {  # one model each: the paths differ in the scheduler, the oracle is the same
+    "llama, plain loop, chunks of 8": ("tiny_llama", dict(max_prefill_length=8)),
+    "qwen3, overlap loop, page 4": ("tiny_qwen3", dict(components={"loop": "overlap"}, page_size=4)),
 }
 
 
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    """The tiny Llama in float32 with chunks of 8 tokens, shared by the tests that need nothing else."""
+    return LLM(str(tiny_llama), dtype="float32", max_prefill_length=8)
+
+
 @pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
-def test_greedy_and_prompt_logprobs_equal_hf(tiny_model, config):
-    llm = LLM(str(tiny_model), dtype="float32", debug_checks=True, **CONFIGS[config])
+def test_greedy_and_prompt_logprobs_equal_hf(request, config):
+    fixture, kwargs = CONFIGS[config]
+    tiny_model = request.getfixturevalue(fixture)
+    llm = LLM(str(tiny_model), dtype="float32", debug_checks=True, **kwargs)
     ps = prompts()
     sp = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=True, top_logprobs=4, prompt_logprobs_from=0)
     outs = llm.generate(ps, sp, use_tqdm=False)
@@ -69,11 +77,10 @@ def test_greedy_and_prompt_logprobs_equal_hf(tiny_model, config):
         check_against_hf(tiny_model, p, o, 4)
 
 
-def test_logprobs_are_before_temperature_and_top_p(tiny_llama):
+def test_logprobs_are_before_temperature_and_top_p(llm, tiny_llama):
     """A sampled token's logprob is the model's own (vLLM's default, OpenAI's), not that of the
     temperature-scaled, top-p-truncated distribution it was drawn from; and asking for logprobs
     does not change the tokens."""
-    llm = LLM(str(tiny_llama), dtype="float32")
     p = prompts()[0]
     hot = SamplingParams(max_tokens=8, temperature=1.7, top_p=0.9, seed=3, ignore_eos=True)
     plain = llm.generate([p], hot, use_tqdm=False)[0]
@@ -86,10 +93,9 @@ def test_logprobs_are_before_temperature_and_top_p(tiny_llama):
     assert out.prompt_logprobs is None and all(len(t) == 2 for t in out.top_logprobs)
 
 
-def test_partial_prompt_scoring_and_top_logprobs_zero(tiny_llama):
+def test_partial_prompt_scoring_and_top_logprobs_zero(llm, tiny_llama):
     """Scoring from token 25: a cached prefix may serve positions 0..23 (position 24 scores token 25)."""
-    llm = LLM(str(tiny_llama), dtype="float32", max_prefill_length=8)
-    p = prompts()[0]
+    p = prompts(1)[0]  # a prompt no other test of this module caches
     llm.generate([p], SamplingParams(max_tokens=1), use_tqdm=False)  # now cached
     sp = SamplingParams(max_tokens=2, logprobs=True, prompt_logprobs_from=25)
     out = llm.generate([p], sp, use_tqdm=False)[0]
@@ -116,8 +122,7 @@ def test_logprobs_survive_retraction(tiny_llama):
         assert [x[0] for x in g.prompt_logprobs] == pytest.approx([x[0] for x in w.prompt_logprobs], abs=1e-4)
 
 
-def test_bad_logprob_params_are_refused(tiny_llama):
-    llm = LLM(str(tiny_llama), dtype="float32")
+def test_bad_logprob_params_are_refused(llm):
     with pytest.raises(ValueError, match="top_logprobs"):
         llm.generate([[5, 6]], SamplingParams(top_logprobs=21), use_tqdm=False)
     with pytest.raises(ValueError, match="prompt_logprobs_from"):

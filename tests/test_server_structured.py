@@ -13,10 +13,9 @@ import httpx
 import jsonschema
 import openai
 import pytest
-import torch
 from server_utils import ServerProcess, wait_idle
 
-from minisgl import LLM, SamplingParams
+from minisgl.tokenizer import apply_chat_template
 
 MODEL = "SmolLM2-135M-Instruct"
 PERSON = {
@@ -41,15 +40,15 @@ def started(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def llm(started):
-    # the offline reference (loads while the server starts), on one thread like the server: bf16
-    # reductions split over other thread counts round differently
-    torch.set_num_threads(1)
-    return LLM()
+def tok(started):
+    from minisgl.models.embedded import embedded_model_path
+    from minisgl.tokenizer import load_tokenizer
+
+    return load_tokenizer(embedded_model_path())
 
 
 @pytest.fixture(scope="module")
-def server(started, llm):
+def server(started):
     started.wait_ready()
     return started
 
@@ -75,7 +74,7 @@ def test_response_format_json_schema_and_json_object(client):
     assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-def test_chat_logprobs_match_the_engine_and_stream_the_same(client, llm):
+def test_chat_logprobs_match_generate_and_stream_the_same(server, client, tok):
     kw = dict(model=MODEL, messages=ASK, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
     r = client.chat.completions.create(**kw)
     content = r.choices[0].logprobs.content
@@ -83,10 +82,12 @@ def test_chat_logprobs_match_the_engine_and_stream_the_same(client, llm):
     for c in content:  # greedy: the chosen token is the most likely one
         assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
         assert c.top_logprobs[0].logprob == c.logprob and bytes(c.bytes).decode() == c.token
-    # twice: the server has this prompt cached (the test before), and a cached prefill rounds differently in bf16
-    for _ in range(2):
-        (off,) = llm.chat(ASK, SamplingParams(max_tokens=12, logprobs=True), use_tqdm=False)
-    assert [c.logprob for c in content] == pytest.approx(off.logprobs, abs=1e-3)
+    # the same numbers as /generate's for the same tokens (both find the prompt cached by the test before:
+    # a cached prefill rounds differently in bf16)
+    ids = apply_chat_template(tok, ASK)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 12}, "return_logprob": True}
+    ref = post(server, "/generate", body).json()["meta_info"]["output_token_logprobs"]
+    assert [c.logprob for c in content] == pytest.approx([lp for lp, _, _ in ref], abs=1e-3)
     chunks = list(client.chat.completions.create(**kw, stream=True))
     streamed = [c for ch in chunks for choice in ch.choices if choice.logprobs for c in choice.logprobs.content]
     assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
@@ -117,30 +118,29 @@ def lm_eval_parse(choice: dict, ctxlen: int) -> tuple[float, bool]:
     return sum(lps), all(lp == max(top.values()) for lp, top in zip(lps, tops))
 
 
-def test_lm_eval_loglikelihood_requests(server, llm):
+def test_lm_eval_loglikelihood_requests(server, tok):
     """lm-eval's payload: token-id prompts (context + continuation) in one request, echo, logprobs=1,
     max_tokens=1, temperature 0. The greedy continuation is greedy; a changed one is not; the
-    loglikelihood is the engine's (scored offline as a prompt)."""
-    ctx = llm.tokenizer.encode("The capital of France is")
-    (greedy,) = llm.generate([ctx], SamplingParams(max_tokens=3), use_tqdm=False)
-    other = [ctx + greedy.token_ids[:1] + [13]]
-    body = dict(
-        model=MODEL, prompt=[ctx + greedy.token_ids, *other], echo=True, logprobs=1, max_tokens=1, temperature=0
-    )
+    loglikelihood is what /generate scores for the same prompt."""
+    ctx = tok.encode("The capital of France is")
+    cont = post(server, "/generate", {"input_ids": ctx, "sampling_params": {"max_new_tokens": 3}}).json()["output_ids"]
+    other = [ctx + cont[:1] + [13]]
+    body = dict(model=MODEL, prompt=[ctx + cont, *other], echo=True, logprobs=1, max_tokens=1, temperature=0)
     out = post(server, "/v1/completions", body).json()
     choices = sorted(out["choices"], key=lambda c: c["index"])
     ll, is_greedy = lm_eval_parse(choices[0], len(ctx))
     assert is_greedy and not lm_eval_parse(choices[1], len(ctx))[1]
     # the reference scores the whole prompt too (a cached prefix would round differently in bf16)
-    (ref,) = llm.generate([ctx + greedy.token_ids], SamplingParams(max_tokens=1, prompt_logprobs_from=0))
-    assert ll == pytest.approx(sum(lp for lp, _ in ref.prompt_logprobs[len(ctx) - 1 :]), abs=1e-3)
+    gen = {"input_ids": ctx + cont, "sampling_params": {"max_new_tokens": 1}, "return_logprob": True}
+    ref = post(server, "/generate", gen | {"logprob_start_len": 0}).json()["meta_info"]["input_token_logprobs"]
+    assert ll == pytest.approx(sum(lp for lp, _, _ in ref[len(ctx) :]), abs=1e-3)
     assert len(choices[0]["logprobs"]["tokens"]) == len(ctx) + 3 + 1
     # max_tokens 0 (older lm-eval, and OpenAI's legacy scoring): the prompt alone, nothing generated
-    body.update(max_tokens=0, prompt=ctx + greedy.token_ids)
+    body.update(max_tokens=0, prompt=ctx + cont)
     zero = post(server, "/v1/completions", body).json()
     c = zero["choices"][0]
     assert len(c["logprobs"]["token_logprobs"]) == len(ctx) + 3 and zero["usage"]["completion_tokens"] == 0
-    assert c["text"] == llm.tokenizer.decode(ctx + greedy.token_ids) and c["finish_reason"] == "length"
+    assert c["text"] == tok.decode(ctx + cont) and c["finish_reason"] == "length"
 
 
 def test_native_generate_regex_and_sglang_logprob_fields(server):

@@ -211,3 +211,29 @@ def test_tp2_masks_and_scores_like_tp1(tiny_llama):
     assert re.fullmatch(r"[a-z]{3,12}", got[0].text) or got[0].finish_reason == "length"
     assert got[1].logprobs == pytest.approx(ref[1].logprobs, abs=1e-4)
     assert [x[0] for x in got[1].prompt_logprobs] == pytest.approx([x[0] for x in ref[1].prompt_logprobs], abs=1e-4)
+
+
+@pytest.mark.gpu
+def test_on_cuda_masks_leave_neighbours_alone_and_logprobs_match_hf(tiny_llama):
+    """On a GPU (the overlap loop, CUDA graphs for decode, the bitmask copied to the device and
+    applied by xgrammar's kernel): unconstrained neighbours keep their greedy tokens, constrained
+    rows match their regex, and logprobs equal HF's float32 log_softmax."""
+    from hf_ref import hf_model
+
+    llm = LLM(str(tiny_llama), dtype="float32", device="cuda")
+    assert llm.config.loop == "overlap"
+    free = [[3 + i] * (5 + 4 * i) for i in range(3)]
+    sp = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=True, top_logprobs=3, prompt_logprobs_from=0)
+    alone = llm.generate(free, sp, use_tqdm=False)
+    con = SamplingParams(max_tokens=12, regex=r"[0-9]{3,20}", logprobs=True)
+    outs = llm.generate(free + [[9, 8, 7]] * 2, [sp] * 3 + [con] * 2, use_tqdm=False)
+    assert [o.token_ids for o in outs[:3]] == [o.token_ids for o in alone]
+    assert all(re.fullmatch(r"[0-9]*", o.text) for o in outs[3:])
+    for p, o in zip(free, alone):
+        with torch.inference_mode():
+            ref = hf_model(tiny_llama)(torch.tensor([p + o.token_ids])).logits[0].float().log_softmax(-1)
+        want = [float(ref[len(p) - 1 + j, t]) for j, t in enumerate(o.token_ids)]
+        assert o.logprobs == pytest.approx(want, abs=2e-3)
+        assert [lp for lp, _ in o.prompt_logprobs] == pytest.approx(
+            [float(ref[i, p[i + 1]]) for i in range(len(p) - 1)], abs=2e-3
+        )

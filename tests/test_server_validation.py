@@ -294,6 +294,11 @@ SAMPLING = {
     "seed": st.integers(-1, 2**64),
     "ignore_eos": st.booleans(),
 }
+GRAMMARS = {  # /generate's constraints (SGLang's): ones that compile, ones that do not, and junk types
+    "regex": st.sampled_from(["[a-", "a+", "x{2,1}"]) | JUNK,
+    "ebnf": st.sampled_from(['root ::= "a"', "root ::= foo", ""]),
+    "json_schema": st.sampled_from(["{}", '{"type": "object"}', "{not json", "[]"]),
+}
 OPENAI = SAMPLING | {
     "model": st.sampled_from(["gpt-9", ""]) | TEXT,
     "max_tokens": SMALL | st.sampled_from([0, -1, 2**31, 2**64, CONTEXT]),
@@ -301,7 +306,15 @@ OPENAI = SAMPLING | {
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | JUNK,
     "user": TEXT,
-    "logprobs": st.sampled_from([None, False, True, 0, 3]),
+    "logprobs": st.sampled_from([None, False, True, 0, 3, 21]),
+    "top_logprobs": st.sampled_from([None, 0, 2, 21, -1]),
+    "echo": st.booleans(),
+    "response_format": st.sampled_from(
+        [None, {"type": "text"}, {"type": "json_object"}, {"type": "json_schema"}, {"type": "xml"}]
+        + [{"type": "json_schema", "json_schema": {"schema": s}} for s in ({}, {"type": "strin"}, {"enum": []})]
+    )
+    | JUNK,
+    "regex": st.sampled_from([None, "[a-", "a+", "(", ""]),
     "presence_penalty": st.sampled_from([0, 0.5]),
 }
 ROUTES = {
@@ -312,7 +325,11 @@ ROUTES = {
             "text": TEXT,
             "input_ids": PROMPT,
             "stream": st.booleans(),
-            "sampling_params": st.fixed_dictionaries({}, optional=SAMPLING | {"max_new_tokens": SMALL}) | JUNK,
+            "sampling_params": st.fixed_dictionaries({}, optional=SAMPLING | {"max_new_tokens": SMALL} | GRAMMARS)
+            | JUNK,
+            "return_logprob": st.booleans(),
+            "top_logprobs_num": st.integers(-1, 21),
+            "logprob_start_len": st.integers(-2, 4),
         },
         {"sampling_params": {"max_new_tokens": 2}},
     ),

@@ -70,6 +70,7 @@ VARS: tuple[Var, ...] = (
     ),
     Var("KV_STORE", "tvm_ffi", kv_store, "GPU K/V store: tvm_ffi (CUDA through TVM FFI), triton or torch"),
     Var("CACHE_DIR", None, str, "where the embedded model is converted to (once)"),
+    Var("VLLM_PYTHON", None, str, "benchmarks: the interpreter of an environment with vLLM (--engine vllm)"),
     Var("SHELL_MAX_TOKENS", 512, int, "shell: tokens per answer"),
     Var(
         "SHELL_TEMPERATURE",
@@ -97,6 +98,7 @@ class Env:
     cpu_isa: str | None
     kv_store: str
     cache_dir: str | None
+    vllm_python: str | None
     shell_max_tokens: int
     shell_temperature: float
     shell_top_p: float

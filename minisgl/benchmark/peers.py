@@ -2,7 +2,7 @@
 (``python -m minisgl.benchmark.offline --engine vllm`` / ``--engine llamacpp``).
 
 * **vLLM** pins its own versions of torch's neighbours, so it usually lives in an environment of its
-  own: ``--vllm-python`` (or ``$MINISGL_VLLM_PYTHON``) names that environment's interpreter, which runs
+  own: ``--vllm-python`` (or ``MINISGL_VLLM_PYTHON``) names that environment's interpreter, which runs
   :data:`_VLLM_SCRIPT` on the workload (token ids in, token counts and seconds out, as JSON). The model
   is the same HF folder minisgl loads (the embedded model's converted folder). Its CPU build needs
   ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; 4 unless set).
@@ -48,9 +48,11 @@ print("RESULT " + json.dumps({"seconds": seconds, "output_tokens": sum(len(o.out
 
 
 def vllm_python(given: str | None) -> str:
-    """The interpreter of an environment with vLLM: ``given``, else ``$MINISGL_VLLM_PYTHON``, else this one
+    """The interpreter of an environment with vLLM: ``given``, else ``MINISGL_VLLM_PYTHON``, else this one
     if it imports vllm; otherwise a ``SystemExit`` that says how to make one."""
-    exe = given or os.environ.get("MINISGL_VLLM_PYTHON")
+    from minisgl.env import ENV
+
+    exe = given or ENV.vllm_python
     if exe:
         if not (shutil.which(exe) or Path(exe).is_file()):
             raise SystemExit(f"--vllm-python {exe!r}: no such interpreter")

@@ -110,6 +110,16 @@ def test_completions_logprobs_and_echo_of_a_text_prompt(client):
     assert elp.text_offset[:2] == [0, len(elp.tokens[0])]
 
 
+def test_streamed_completion_logprobs_equal_the_whole_answer(client):
+    kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2, echo=True)
+    whole = client.completions.create(**kw).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text
+    tokens = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
+    lps = [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs]
+    assert tokens == whole.logprobs.tokens and lps == whole.logprobs.token_logprobs
+
+
 def lm_eval_parse(choice: dict, ctxlen: int) -> tuple[float, bool]:
     """What lm-eval's local-completions does with a choice (its parse_logprobs): the continuation is
     ``tokens[ctxlen:-1]`` (the last entry is the one generated token)."""

@@ -106,6 +106,8 @@ def long_prompt_during_decodes(sched, prompt: list[int], decoders: list[int], ui
             elif ev.uid in last:
                 gap = max(gap, now - last[ev.uid])
                 last[ev.uid] = now
+                if ev.finish_reason is not None:  # finished (on a slow machine, before the prompt's
+                    del last[ev.uid]  # first token): the time after its last token is no gap
     gap = max([gap] + [now - t for t in last.values()])  # a decoder that got no token at all
     peak = (torch.cuda.max_memory_allocated() if cuda else sampler.stop()) - base  # type: ignore[union-attr]
     return dict(max_gap_s=gap, ttft_s=ttft, peak_bytes=peak, t0=t0, token_times=times)

@@ -34,12 +34,30 @@ class BatchPlan:
 class RequestExtras:
     def __init__(self, grammar: GrammarManager, device: torch.device):
         self.grammar, self.device = grammar, device
+        self._live: set[Req] = set()  # the unfinished requests that ask for logprobs or a grammar
+
+    def track(self, req: Req) -> None:
+        """A request was added; remember it if it asks for anything (the others cost nothing per step)."""
+        sp = req.sampling
+        if sp.wants_logprobs or sp.prompt_logprobs_from >= 0 or sp.grammar is not None:
+            self._live.add(req)
+            self.grammar.track(req)
+
+    def release(self, req: Req) -> None:
+        if req in self._live:
+            self._live.discard(req)
+            self.grammar.release(req)
 
     def plan(self, batch: Batch) -> BatchPlan | None:
         """Call in ``prepare`` before the requests' counters advance. None: nothing to do."""
+        if not self._live:
+            return None
         scored, prompt_idx, targets, prompt, mask_rows, steps = {}, [], [], [], [], []
         offset, top_k = 0, 0
         for i, (req, start, end) in enumerate(zip(batch.reqs, batch.starts, batch.ends)):
+            if req not in self._live:
+                offset += end - start
+                continue
             sp = req.sampling
             keep = end == req.device_len  # this pass samples a kept token (not a mid-prompt chunk)
             if keep and sp.wants_logprobs:
@@ -90,12 +108,12 @@ class RequestExtras:
     def on_token(self, batch: Batch, row: int, req: Req, token: int, reason: str | None) -> TokenEvent:
         """A kept token of row ``row`` reached the host (``req.output_ids`` has it): its event, with
         what the request asked for; ``reason`` becomes "stop" where its grammar ended."""
+        plan: BatchPlan | None = batch.extras
+        if plan is None or req not in self._live:
+            return TokenEvent(req.uid, token, reason)
         if reason is None and req.sampling.grammar is not None and self.grammar.on_token(req, len(req.output_ids) - 1):
             reason = "stop"
         ev = TokenEvent(req.uid, token, reason)
-        plan: BatchPlan | None = batch.extras
-        if plan is None:
-            return ev
         if row in plan.scored:
             ev.logprob, ev.top_logprobs = self._sampled(plan)[plan.scored[row]]
             ev.top_logprobs = ev.top_logprobs[: req.sampling.top_logprobs]
@@ -118,9 +136,3 @@ class RequestExtras:
         if plan.sampled is None:
             plan.sampled = plan.extras.sampled.rows()
         return plan.sampled
-
-    def track(self, req: Req) -> None:
-        self.grammar.track(req)
-
-    def release(self, req: Req) -> None:
-        self.grammar.release(req)

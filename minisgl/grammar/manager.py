@@ -2,8 +2,10 @@
 each batch's bitmask, filled while the forward pass runs.
 
 Compiling runs on one background thread (``compile``: a future per distinct constraint, cached), so
-a new schema costs the loop nothing; a request is prefilled while its grammar compiles, and its
-first sample waits for the compile only if it is still running then.
+a new schema costs the loop nothing: the server's scheduler adds a request once its compile is done
+(or answers 400), ``LLM.generate`` waits for it before queueing anything, and a matcher is made at
+the request's first sample (on the other tensor-parallel ranks, which compile for themselves, that
+waits for their compile if it still runs).
 
 A matcher must have seen every earlier token of its request before its row's mask is filled. With
 the overlap loop the previous token is still on the device when the next batch is launched, so the

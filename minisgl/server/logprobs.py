@@ -22,6 +22,7 @@ class SeqLogprobs:
     prompt: TokenLogprobs | None = None
     pieces: dict[int, bytes] = field(default_factory=dict)
     sent: int = 0  # output entries already streamed
+    chars: int = 0  # characters of token text already streamed (a stream's next text_offset)
 
     def feed(self, r: ReplyMsg) -> None:
         if r.pieces:
@@ -56,10 +57,11 @@ class SeqLogprobs:
         return {"content": content, "refusal": None}
 
     # ---- OpenAI completions ------------------------------------------------------------------
-    def completion(self, idx: range, echo: bool = False, offset: int = 0) -> dict[str, Any]:
+    def completion(self, idx: range, echo: bool = False, stream: bool = False) -> dict[str, Any]:
         """``choices[i].logprobs`` of a completion: with ``echo``, the prompt's tokens first (the
         first token, and any before ``prompt_logprobs_from``, with ``None``). ``text_offset``: where
-        each token's text starts in the choice's text, counting from ``offset``."""
+        each token's text starts in the choice's text (in a stream, counting the chunks before)."""
+        offset = self.chars if stream else 0
         tokens, lps, tops = [], [], []
         if echo and self.prompt is not None:
             p = self.prompt
@@ -75,6 +77,8 @@ class SeqLogprobs:
         for t in tokens:
             offsets.append(offset)
             offset += len(t)
+        if stream:
+            self.chars = offset
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
     def _top(self, ids: list[int], vals: list[float]) -> dict[str, float]:

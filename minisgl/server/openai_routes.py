@@ -151,8 +151,8 @@ async def completions(req: CompletionRequest, request: Request):
         p = prompts[s.index // req.n]
         return p if isinstance(p, str) else s.lp.prompt_text()
 
-    def logprobs(s: Seq, idx: range, first: bool) -> dict | None:
-        return None if req.logprobs is None else s.lp.completion(idx, req.echo and first)
+    def logprobs(s: Seq, idx: range, first: bool, stream: bool = False) -> dict | None:
+        return None if req.logprobs is None else s.lp.completion(idx, req.echo and first, stream)
 
     def events(s: Seq):
         # a chunk per step with new tokens, even if their text is not complete yet (or the model
@@ -164,7 +164,7 @@ async def completions(req: CompletionRequest, request: Request):
             text, new_ids = "", []
         head = echoed(s) if req.echo and first else ""
         if text or new_ids or reason or head:
-            lp = logprobs(s, s.lp.take(0 if scoring_only else None), first)
+            lp = logprobs(s, s.lp.take(0 if scoring_only else None), first, stream=True)
             yield chunk([{"index": s.index, "text": head + text, "logprobs": lp, "finish_reason": reason}])
 
     def body() -> dict[str, Any]:

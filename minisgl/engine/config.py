@@ -195,11 +195,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be >= 1 (or None), got {value!r}")
-        if self.speculative_algorithm is not None:
-            from minisgl.speculative import DRAFTERS
-
-            if self.speculative_algorithm.lower() not in DRAFTERS:
-                raise ValueError(f"speculative_algorithm must be NGRAM or None, got {self.speculative_algorithm!r}")
+        # (an unknown speculative_algorithm is refused where the scheduler looks it up: DRAFTERS is a layer above)
         if self.speculative_num_draft_tokens < 1:
             raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}")
         if self.num_pages is not None and self.num_pages < 1:

@@ -56,6 +56,20 @@ class SpecStats:
         return (self.accepted_tokens + self.verify_rows) / self.verify_rows if self.verify_rows else 0.0
 
 
+def spec_stats(spec: SpecManager | None) -> dict:
+    """``GET /stats``' ``speculative`` part (zeros, and algorithm None, without speculation)."""
+    s = spec.stats if spec is not None else SpecStats()
+    return dict(
+        algorithm=spec.algorithm if spec is not None else None,
+        num_draft_tokens=spec.k if spec is not None else 0,
+        verify_rows=s.verify_rows,
+        draft_tokens=s.draft_tokens,
+        accepted_tokens=s.accepted_tokens,
+        accept_rate=s.accept_rate,
+        accept_length=s.accept_length,
+    )
+
+
 @dataclass
 class SpecPlan:
     """``Batch.spec`` of a verify batch: row ``i`` drafted ``drafts[i]`` (maybe none)."""
@@ -65,7 +79,7 @@ class SpecPlan:
 
 class SpecManager:
     def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager):
-        self.drafter = DRAFTERS.get(algorithm.lower())()
+        self.algorithm, self.drafter = algorithm, DRAFTERS.get(algorithm.lower())()
         self.verifier = VERIFIERS.get(verifier)()
         self.k, self.engine, self.table, self.decode = num_draft_tokens, engine, engine.table, decode
         self.stats = SpecStats()

@@ -150,7 +150,8 @@ def prompts() -> list[list[int]]:
     rng = random.Random(1)
     r = lambda n: [rng.randrange(3, 49152) for _ in range(n)]
     base = r(30)
-    return [base + r(7), base + r(2), r(5), r(4) * 6, base[:12]]  # shared prefixes, a repetitive one
+    # shared prefixes, repetitive ones (the tiny Llama's greedy answer to [5] * 30 repeats a token: n-gram drafts)
+    return [base + r(7), base + r(2), r(5), r(4) * 6, base[:12], [5] * 30]
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,7 @@ def test_greedy_exact_on_every_path(model, path_name, tiny_llama, tiny_qwen3, pl
         # a second wave: cache hits on what the first inserted (only accepted tokens' KV may be there)
         again = llm.generate(ps[:2], SamplingParams(max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)
     stats = llm.scheduler.spec.stats
-    want = [refs[0], refs[1], refs[2][: refs[2].index(refs[2][9]) + 1], refs[3], refs[4][:7]]
+    want = [refs[0], refs[1], refs[2][: refs[2].index(refs[2][9]) + 1], refs[3], refs[4][:7], refs[5]]
     for i, (o, w) in enumerate(zip(outs, want)):
         assert o.token_ids == w, f"prompt {i} ({path_name}): speculative tokens differ from plain decoding"
     assert [o.token_ids for o in again] == refs[:2], "a second run (prefix-cache hits) differs"
@@ -201,13 +202,26 @@ def test_greedy_exact_on_every_path(model, path_name, tiny_llama, tiny_qwen3, pl
 
 
 def test_ngram_exact_and_abort_mid_run(tiny_llama, plain_refs):
-    """The real drafter (the repetitive prompt drafts), the opt-out, and an abort between steps."""
+    """The n-gram drafter's lookup (the repetitive prompts draft), the opt-out, a registered verifier, and an
+    abort between steps."""
     refs = plain_refs[tiny_llama]
     ps = prompts()
-    llm = LLM(str(tiny_llama), dtype="float32", debug_checks=True, speculative_algorithm="NGRAM")
+    calls = []
+
+    class Recording(DefaultVerifier):  # the verifier seam: a registered one is what runs
+        def verify(self, logits, drafts, info, sampler):
+            calls.append(drafts.shape)
+            return super().verify(logits, drafts, info, sampler)
+
+    with VERIFIERS.registered("test-recording", Recording):
+        llm = LLM(
+            str(tiny_llama), dtype="float32", debug_checks=True, speculative_algorithm="seam_impls:Ngram1",
+            components={"verifier": "test-recording"},
+        )  # fmt: skip
     params = [SamplingParams(max_tokens=N_NEW, ignore_eos=True, speculative=i != 1) for i in range(len(ps))]
     outs = llm.generate(ps, params, use_tqdm=False)
     assert [o.token_ids for o in outs] == refs
+    assert calls and llm.scheduler.spec.stats.accepted_tokens > 0, "the repetitive prompt should draft and accept"
     sched = llm.scheduler
     req = sched.add_request(999, ps[3], SamplingParams(max_tokens=N_NEW, ignore_eos=True))
     while len(req.output_ids) < 3:
@@ -219,41 +233,51 @@ def test_ngram_exact_and_abort_mid_run(tiny_llama, plain_refs):
     assert req.output_ids == refs[3][: len(req.output_ids)]
 
 
+def test_tp2_greedy_exact(tiny_llama, plain_refs):
+    """Two tensor-parallel ranks (gloo): each drafts from its own scheduler's identical state."""
+    llm = LLM(str(tiny_llama), dtype="float32", tp_size=2, page_size=4, speculative_algorithm="seam_impls:Ngram1")
+    try:
+        outs = llm.generate(prompts(), SamplingParams(max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)
+        assert [o.token_ids for o in outs] == plain_refs[tiny_llama]
+        assert llm.scheduler.spec.stats.accepted_tokens > 0
+    finally:
+        llm.shutdown()
+
+
 def test_sampled_engine_follows_the_plain_distribution(tiny_llama):
-    """Chi-square, 400 seeds, significance 0.001: the second output token of a sampled request (top-k 3)
+    """Chi-square, 300 seeds, significance 0.001: the second output token of a sampled request (top-k 2)
     whose draft is fixed follows the plain engine's distribution, computed exactly from its logprobs
-    (the first token is plain: a prefill)."""
+    (the first token is plain: a prefill). Requests with logprobs never draft: one engine does both."""
     prompt = [7, 300, 4000, 21, 9]
-    plain = LLM(str(tiny_llama), dtype="float32")
-    top = SamplingParams(max_tokens=1, top_logprobs=3)
-
-    def dist(ids):
-        lp = plain.generate([ids], top, use_tqdm=False)[0].top_logprobs[0]
-        p = torch.tensor([x for _, x in lp], dtype=torch.float64).exp()
-        return dict(zip([t for t, _ in lp], (p / p.sum()).tolist()))
-
-    p0 = dist(prompt)
-    marginal: dict[int, float] = {}
-    for t0, q in p0.items():
-        for t1, r in dist(prompt + [t0]).items():
-            marginal[t1] = marginal.get(t1, 0.0) + q * r
-    draft = max(marginal, key=marginal.get)
+    draft: list[int] = []
 
     class Fixed(Drafter):
         def propose(self, req, k):
-            return [draft] if len(req.output_ids) == 1 else []
+            return draft if len(req.output_ids) == 1 else []
 
-    n = 400
     with DRAFTERS.registered("test-fixed", Fixed):
         llm = LLM(str(tiny_llama), dtype="float32", speculative_algorithm="test-fixed", speculative_num_draft_tokens=1)
-        params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=3, seed=s, ignore_eos=True) for s in range(n)]
-        outs = llm.generate([prompt] * n, params, use_tqdm=False)
+    top = SamplingParams(max_tokens=1, top_logprobs=2)
+
+    def dist(ids):
+        lp = llm.generate([ids], top, use_tqdm=False)[0].top_logprobs[0]
+        p = torch.tensor([x for _, x in lp], dtype=torch.float64).exp()
+        return dict(zip([t for t, _ in lp], (p / p.sum()).tolist()))
+
+    marginal: dict[int, float] = {}
+    for t0, q in dist(prompt).items():
+        for t1, r in dist(prompt + [t0]).items():
+            marginal[t1] = marginal.get(t1, 0.0) + q * r
+    draft.append(max(marginal, key=marginal.get))
+    n = 300
+    params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=2, seed=s, ignore_eos=True) for s in range(n)]
+    outs = llm.generate([prompt] * n, params, use_tqdm=False)
     st = llm.scheduler.spec.stats
     assert 0 < st.accepted_tokens < st.draft_tokens == n, f"the draft should be accepted sometimes: {st}"
     seen: dict[int, int] = {}
     for o in outs:
         seen[o.token_ids[1]] = seen.get(o.token_ids[1], 0) + 1
-    assert set(seen) <= set(marginal), f"tokens {set(seen) - set(marginal)} are outside every top-3"
+    assert set(seen) <= set(marginal), f"tokens {set(seen) - set(marginal)} are outside every top-2"
     stat = sum((seen.get(t, 0) - n * p) ** 2 / (n * p) for t, p in marginal.items())
     bound = chi2.ppf(1 - 1e-3, len(marginal) - 1)
     assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}: seen {seen}, expected {marginal}"
@@ -270,14 +294,29 @@ def test_config_and_registries():
         EngineConfig(device="cpu", speculative_algorithm="NGRAM", speculative_num_draft_tokens=0)
 
 
-def test_server_flags():
-    import argparse
+def test_server_flags_stats_and_metrics(capsys):
+    from prometheus_client import generate_latest
 
-    from minisgl.engine.config import add_engine_args, engine_kwargs
+    from minisgl.scheduler.speculate import SpecStats, spec_stats
+    from minisgl.server.args import parse_args
+    from minisgl.server.metrics import ServerMetrics
 
-    ap = argparse.ArgumentParser()
-    add_engine_args(ap)
-    ns = ap.parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "3"])
-    kw = engine_kwargs(ns)
-    assert kw["speculative_algorithm"] == "NGRAM" and kw["speculative_num_draft_tokens"] == 3
-    assert engine_kwargs(ap.parse_args(["--speculative-algorithm", "none"]))["speculative_algorithm"] is None
+    args = parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "3"])
+    assert args.engine["speculative_algorithm"] == "NGRAM" and args.engine["speculative_num_draft_tokens"] == 3
+    assert parse_args(["--speculative-algorithm", "none"]).engine["speculative_algorithm"] is None
+    with pytest.raises(SystemExit):
+        parse_args(["--speculative-algorithm", "EAGLE"])
+    assert "--speculative-algorithm" in capsys.readouterr().err
+
+    class Spec:  # what /stats reads from the scheduler's SpecManager
+        algorithm, k, stats = "NGRAM", 4, SpecStats(verify_rows=10, draft_tokens=40, accepted_tokens=30)
+
+    part = spec_stats(Spec())
+    assert part["accept_rate"] == 0.75 and part["accept_length"] == 4.0  # (30 + 10) / 10, the bonus counted
+    assert spec_stats(None)["accept_rate"] == 0.0
+    kv = dict(total_slots=8, free_slots=8, evictable_slots=0, usage=0.0)
+    m = ServerMetrics(lambda: "m")
+    m.set_gauges(dict(running_requests=0, waiting_requests=0, kv=kv, cache=dict(hit_rate=0.0), speculative=part))
+    text = generate_latest(m.registry).decode()
+    assert 'sglang:spec_accept_rate{model_name="m"} 0.75' in text
+    assert 'sglang:spec_accept_length{model_name="m"} 4.0' in text

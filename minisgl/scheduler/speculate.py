@@ -79,7 +79,8 @@ class SpecPlan:
 
 class SpecManager:
     def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager):
-        self.algorithm, self.drafter = algorithm, DRAFTERS.get(algorithm.lower())()
+        name = algorithm if ":" in algorithm else algorithm.lower()  # NGRAM is SGLang's spelling; a path keeps its case
+        self.algorithm, self.drafter = algorithm, DRAFTERS.get(name)()
         self.verifier = VERIFIERS.get(verifier)()
         self.k, self.engine, self.table, self.decode = num_draft_tokens, engine, engine.table, decode
         self.stats = SpecStats()

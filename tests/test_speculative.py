@@ -244,20 +244,29 @@ def test_tp2_greedy_exact(tiny_llama, plain_refs):
         llm.shutdown()
 
 
-def test_sampled_engine_follows_the_plain_distribution(tiny_llama):
-    """Chi-square, 300 seeds, significance 0.001: the second output token of a sampled request (top-k 2)
+@pytest.fixture(scope="module")
+def small_vocab_llama(tmp_path_factory):
+    """A tiny Llama over 64 tokens: sampling with top-k sorts the vocabulary, 49,152 tokens a row otherwise."""
+    from tiny_models import save_tiny_model
+
+    return save_tiny_model("llama", tmp_path_factory.mktemp("tiny-llama-v64"), tokenizer=False, vocab_size=64)
+
+
+def test_sampled_engine_follows_the_plain_distribution(small_vocab_llama):
+    """Chi-square, 600 seeds, significance 0.001: the second output token of a sampled request (top-k 3)
     whose draft is fixed follows the plain engine's distribution, computed exactly from its logprobs
     (the first token is plain: a prefill). Requests with logprobs never draft: one engine does both."""
-    prompt = [7, 300, 4000, 21, 9]
+    prompt = [7, 30, 40, 21, 9]
     draft: list[int] = []
 
     class Fixed(Drafter):
         def propose(self, req, k):
             return draft if len(req.output_ids) == 1 else []
 
+    path = str(small_vocab_llama)
     with DRAFTERS.registered("test-fixed", Fixed):
-        llm = LLM(str(tiny_llama), dtype="float32", speculative_algorithm="test-fixed", speculative_num_draft_tokens=1)
-    top = SamplingParams(max_tokens=1, top_logprobs=2)
+        llm = LLM(path, dtype="float32", speculative_algorithm="test-fixed", speculative_num_draft_tokens=1)
+    top = SamplingParams(max_tokens=1, top_logprobs=3)
 
     def dist(ids):
         lp = llm.generate([ids], top, use_tqdm=False)[0].top_logprobs[0]
@@ -269,15 +278,15 @@ def test_sampled_engine_follows_the_plain_distribution(tiny_llama):
         for t1, r in dist(prompt + [t0]).items():
             marginal[t1] = marginal.get(t1, 0.0) + q * r
     draft.append(max(marginal, key=marginal.get))
-    n = 300
-    params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=2, seed=s, ignore_eos=True) for s in range(n)]
+    n = 600
+    params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=3, seed=s, ignore_eos=True) for s in range(n)]
     outs = llm.generate([prompt] * n, params, use_tqdm=False)
     st = llm.scheduler.spec.stats
     assert 0 < st.accepted_tokens < st.draft_tokens == n, f"the draft should be accepted sometimes: {st}"
     seen: dict[int, int] = {}
     for o in outs:
         seen[o.token_ids[1]] = seen.get(o.token_ids[1], 0) + 1
-    assert set(seen) <= set(marginal), f"tokens {set(seen) - set(marginal)} are outside every top-2"
+    assert set(seen) <= set(marginal), f"tokens {set(seen) - set(marginal)} are outside every top-3"
     stat = sum((seen.get(t, 0) - n * p) ** 2 / (n * p) for t, p in marginal.items())
     bound = chi2.ppf(1 - 1e-3, len(marginal) - 1)
     assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}: seen {seen}, expected {marginal}"

@@ -7,8 +7,10 @@ prompt of ``single_stream.py``, with the acceptance measured in the same runs.
 Both engines (plain and speculative) live in this process and take turns, one run each per round, after a
 warm-up round: a shared machine's drift hits both alike. Decode speed excludes the prefill and the first
 token, as in ``single_stream.py``: ``n - 1`` tokens over the time of an ``n``-token run less a 1-token run.
-Greedy, EOS ignored. Also reported: whether the two engines' tokens agree (exact in float32; in bfloat16
-a verify pass may round differently from a decode step, so a near-tie can split them).
+Greedy, EOS ignored. Each rate is given per wall second and per CPU second of the process (all threads):
+on a shared machine the second is the less noisy. Also reported: whether the two engines' tokens agree
+(exact in float32; in bfloat16 a verify pass may round differently from a decode step, so a near-tie can
+split them).
 """
 
 from __future__ import annotations
@@ -54,19 +56,22 @@ def runner(dtype: str, tokens: int, spec: str | None, k: int):
         for name, text in WORKLOADS.items()
     }
 
-    def run(workload: str) -> tuple[float, list[int], tuple[int, int, int]]:
-        """tokens/s, the tokens, and (verify rows, drafts, accepted) during the long run."""
+    def run(workload: str) -> tuple[float, float, list[int], tuple[int, int, int]]:
+        """tokens per wall second and per CPU second of the process (all its threads: on a loaded machine
+        the less noisy of the two), the tokens, and (verify rows, drafts, accepted) during the long run."""
         one = SamplingParams(max_tokens=1, ignore_eos=True)
-        t0 = time.perf_counter()
+        clocks = lambda: (time.perf_counter(), time.process_time())
+        t0 = clocks()
         llm.generate([ids[workload]], one, use_tqdm=False)
-        t1 = time.perf_counter()
+        t1 = clocks()
         s = llm.scheduler.spec.stats if llm.scheduler.spec else None
         before = (s.verify_rows, s.draft_tokens, s.accepted_tokens) if s else (0, 0, 0)
         out = llm.generate([ids[workload]], SamplingParams(max_tokens=tokens, ignore_eos=True), use_tqdm=False)
-        t2 = time.perf_counter()
+        t2 = clocks()
         after = (s.verify_rows, s.draft_tokens, s.accepted_tokens) if s else (0, 0, 0)
         delta = tuple(a - b for a, b in zip(after, before))
-        return (tokens - 1) / ((t2 - t1) - (t1 - t0)), out[0].token_ids, delta
+        wall, cpu = ((tokens - 1) / ((t2[i] - t1[i]) - (t1[i] - t0[i])) for i in (0, 1))
+        return wall, cpu, out[0].token_ids, delta
 
     return run, llm
 
@@ -85,38 +90,37 @@ def main() -> None:
         "plain": runner(args.dtype, args.tokens, None, args.k),
         "ngram": runner(args.dtype, args.tokens, "NGRAM", args.k),
     }
-    rates = {(w, e): [] for w in WORKLOADS for e in engines}
+    rates = {(w, e): [] for w in WORKLOADS for e in engines}  # (wall, cpu) tokens/s per run
     counts = {w: [0, 0, 0] for w in WORKLOADS}
     tokens: dict = {}
     for r in range(args.repeats + 1):  # round 0 warms up
         for w in WORKLOADS:
             for e, (run, _) in engines.items():
-                rate, toks, delta = run(w)
+                wall, cpu, toks, delta = run(w)
                 tokens[(w, e)] = toks
                 if r > 0:
-                    rates[(w, e)].append(rate)
+                    rates[(w, e)].append((wall, cpu))
                     if e == "ngram":
                         counts[w] = [c + d for c, d in zip(counts[w], delta)]
     rows = []
+    med = lambda w, e, i: statistics.median(x[i] for x in rates[(w, e)])
     for w in WORKLOADS:
-        plain, ngram = (statistics.median(rates[(w, e)]) for e in ("plain", "ngram"))
-        rows_, drafts, acc = counts[w]
+        n_rows, drafts, acc = counts[w]
         same = sum(a == b for a, b in zip(tokens[(w, "plain")], tokens[(w, "ngram")]))
-        rows.append(
-            dict(
-                workload=w,
-                plain_tok_s=round(plain, 2),
-                ngram_tok_s=round(ngram, 2),
-                speedup=round(ngram / plain, 2),
-                accept_rate=round(acc / drafts, 3) if drafts else 0.0,
-                accept_length=round((acc + rows_) / rows_, 2) if rows_ else 0.0,
-                verify_steps_per_run=round(rows_ / args.repeats, 1),
-                tokens_agree=f"{same}/{len(tokens[(w, 'plain')])}",
-                plain_runs=[round(x, 2) for x in rates[(w, "plain")]],
-                ngram_runs=[round(x, 2) for x in rates[(w, "ngram")]],
-            )  # fmt: skip
+        row = dict(workload=w)
+        for i, clock in enumerate(("wall", "cpu")):
+            plain, ngram = med(w, "plain", i), med(w, "ngram", i)
+            row.update({f"plain_{clock}_tok_s": round(plain, 2), f"ngram_{clock}_tok_s": round(ngram, 2)})
+            row[f"{clock}_speedup"] = round(ngram / plain, 2)
+        row.update(
+            accept_rate=round(acc / drafts, 3) if drafts else 0.0,
+            accept_length=round((acc + n_rows) / n_rows, 2) if n_rows else 0.0,
+            verify_steps_per_run=round(n_rows / args.repeats, 1),
+            tokens_agree=f"{same}/{len(tokens[(w, 'plain')])}",
+            runs={e: [(round(a, 2), round(b, 2)) for a, b in rates[(w, e)]] for e in engines},
         )
-        print(json.dumps(rows[-1]))
+        rows.append(row)
+        print(json.dumps(row))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "tokens": args.tokens, "k": args.k, "rows": rows}, f, indent=1)

@@ -65,6 +65,9 @@ class SamplingParams:
     json_schema: str | None = None  # a JSON schema, as JSON text ("{}": any JSON value)
     regex: str | None = None
     ebnf: str | None = None  # a grammar in xgrammar's EBNF, with a ``root`` rule
+    # with --speculative-algorithm: False opts this request out (it decodes one token per step). Requests
+    # with a grammar or logprobs never draft either (minisgl/scheduler/speculate.py)
+    speculative: bool = True
 
     def validate(self) -> None:
         """Raise ``RequestError`` naming the field and what to change."""
@@ -84,6 +87,8 @@ class SamplingParams:
             raise RequestError(f"top_logprobs must be in {bound}, got {self.top_logprobs!r}", "top_logprobs")
         if not isinstance(self.prompt_logprobs_from, int) or self.prompt_logprobs_from < -1:
             raise RequestError("prompt_logprobs_from must be -1 (none) or a position >= 0", "prompt_logprobs_from")
+        if not isinstance(self.speculative, bool):
+            raise RequestError(f"speculative must be true or false, got {self.speculative!r}", "speculative")
         if sum(g is not None for g in (self.json_schema, self.regex, self.ebnf)) > 1:
             raise RequestError("give at most one of json_schema, regex and ebnf", "json_schema")
 
@@ -250,6 +255,7 @@ class Batch:
     padded_size: int = 0  # >= len(reqs) when a CUDA graph pads the batch
     riders: int = 0  # the last ``riders`` rows of a prefill batch are decoding requests' next tokens
     extras: Any = None  # logprobs to compute, rows to mask (minisgl/scheduler/extras.py); None: neither
+    spec: Any = None  # a verify pass's drafts (minisgl/scheduler/speculate.py); None: not a verify pass
 
     @property
     def size(self) -> int:

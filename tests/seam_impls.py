@@ -133,3 +133,18 @@ class StopStrings(StopStringCutter):
 
 
 text_streams = TextStreams(Detokenizer, StopStrings)
+
+
+def _ngram1():
+    from minisgl.speculative.ngram import NgramDrafter
+
+    class Ngram1(NgramDrafter):
+        """The n-gram drafter on 1-token suffixes too: random tiny models rarely repeat two tokens in a row
+        (test_speculative.py; a spawned tensor-parallel rank imports it as ``seam_impls:Ngram1``)."""
+
+        min_n = 1
+
+    return Ngram1
+
+
+Ngram1 = _ngram1()

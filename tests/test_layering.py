@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"layers"},  # norm, rotary, activation, TP linear/embedding, the attention layer
     {"models"},  # config, the decoder, weights
     {"engine"},  # model + memory + backend + sampler + CUDA graphs: one forward pass
+    {"speculative"},  # drafters and the verifier (speculative decoding's seam)
     {"scheduler"},  # continuous batching over the engine; tensor-parallel replication
     {"llm", "__init__"},  # the offline API
     {"server", "__main__"},  # processes, HTTP, shell

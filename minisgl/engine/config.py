@@ -62,6 +62,7 @@ class Components:
     graph_plan: str = "default"  # minisgl.engine.graph.GRAPH_PLANS (CUDA graphs: sizes, buckets, padding)
     detokenizer: str = "default"  # minisgl.tokenizer.detokenizer.DETOKENIZERS (the server's text, the shell's)
     grammar: str = "default"  # minisgl.grammar.GRAMMAR_BACKENDS (constrained decoding; default: xgrammar)
+    verifier: str = "default"  # minisgl.speculative.VERIFIERS (speculative decoding's accept/reject step)
 
 
 @dataclass
@@ -140,6 +141,14 @@ class EngineConfig:
         "--attention-backend",
         "--attn",
     )
+    speculative_algorithm: str | None = option(
+        None,
+        "speculative decoding: NGRAM (prompt lookup: drafts copied from the prompt and the text so far, verified "
+        "in one pass; pays on repetitive and code-like output), or none (default); any name registered in "
+        "minisgl.speculative.DRAFTERS",
+        parse=lambda t: None if t.strip().lower() in ("", "none") else t.strip(),
+    )
+    speculative_num_draft_tokens: int = option(4, "draft tokens per request per step, at most (speculative decoding)")
     cuda_graph_max_bs: int | None = option(None, "largest CUDA-graph batch (default: from memory; 0 = off)")
     dummy_weight: bool = option(False, "random weights (benchmarks without a checkpoint)")
     max_seq_len: int | None = option(
@@ -186,6 +195,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be >= 1 (or None), got {value!r}")
+        # (an unknown speculative_algorithm is refused where the scheduler looks it up: DRAFTERS is a layer above)
+        if self.speculative_num_draft_tokens < 1:
+            raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if not (0.0 < self.memory_ratio <= 1.0):

@@ -8,12 +8,15 @@ class DecodeManager:
 
     def __init__(self):
         self.running: dict[Req, None] = {}  # insertion-ordered set
+        # of those, requests whose verify pass (speculate.py) is not processed: their counters are provisional
+        self.held: set[Req] = set()
 
     def add(self, req: Req) -> None:
         self.running[req] = None
 
     def remove(self, req: Req) -> None:
         self.running.pop(req, None)
+        self.held.discard(req)
 
     def schedule(self) -> list[Req]:
-        return [r for r in self.running if r.can_decode]
+        return [r for r in self.running if r.can_decode and r not in self.held]

@@ -31,7 +31,7 @@ class BatchEvent:
     runs asynchronously after that), its tokens were processed."""
 
     index: int  # batches run so far, from 0
-    kind: Literal["prefill", "decode"]
+    kind: Literal["prefill", "decode", "verify"]  # verify: speculative decoding's pass (scheduler/speculate.py)
     uids: list[int]
     starts: list[int]  # request i computes positions [starts[i], ends[i])
     ends: list[int]
@@ -55,7 +55,7 @@ class BatchEvent:
     @property
     def prefill_tokens(self) -> int:
         """Prompt tokens computed (a decode batch's tokens are not, nor the riders of a prefill batch)."""
-        return 0 if self.kind == "decode" else self.num_tokens - self.riders
+        return self.num_tokens - self.riders if self.kind == "prefill" else 0
 
 
 BatchObserver = Callable[[BatchEvent], None]
@@ -81,7 +81,7 @@ def batch_event(sched: Any, batch: Any, index: int) -> BatchEvent:
     hits = sum(r.hit_len for r, s in zip(batch.reqs, batch.starts) if batch.is_prefill and s == r.hit_len)
     return BatchEvent(
         index=index,
-        kind=batch.phase,
+        kind="verify" if batch.spec is not None else batch.phase,
         uids=[r.uid for r in batch.reqs],
         starts=list(batch.starts),
         ends=list(batch.ends),

@@ -42,6 +42,7 @@ from minisgl.scheduler.extras import RequestExtras
 from minisgl.scheduler.loop import LOOPS
 from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.requests import make_request
+from minisgl.scheduler.speculate import SpecManager
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Scheduler:
         self.prefill = PrefillManager(self.cache, self.table, budgets, self.admission, self.chunking)
         self.decode = DecodeManager()
         self.loop = LOOPS.get(config.loop)(self)
+        self.spec = SpecManager.create(config, e, self.decode)  # None unless --speculative-algorithm
         self.reqs: dict[int, Req] = {}
         self.eos_ids: set[int] = set(e.model_config.eos_token_ids)
         path = getattr(e, "model_path", None)  # (a fake engine, autograder/scheduler_sim.py, has none)
@@ -160,13 +162,12 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         if self.observers:
             self._t_schedule = time.perf_counter()
-        self._retracted = []
-        decodable = self.decode.schedule()
+        self._retracted, decodable = [], self.decode.schedule()
         mixed = self.config.mixed_chunk  # decodes ride in prefill batches: no separate decode step
         if self.prefill.has_work and (mixed or not self.chunking.decode_first(self._after_chunk, len(decodable))):
             chunked, riders = self.prefill.chunked, decodable if mixed else []
             # the chunk's reserved pages may have gone to decodes that outgrew theirs; riders need theirs now
-            need = lambda: self._prompt_pages(chunked) + sum(r.alloc_len < r.device_len for r in riders)
+            need = lambda: self._pages_to_feed(chunked) + sum(r.alloc_len < r.device_len for r in riders)
             self._make_room(need, riders)
             running = list(self.decode.running) + ([chunked] if chunked else [])
             extends = self.prefill.schedule(running, len(decodable))
@@ -181,15 +182,17 @@ class Scheduler:
                 batch.riders = len(riders)
                 return batch
         self._after_chunk = False
-        # a request needs a new page when the position it feeds next has none
-        self._make_room(lambda: sum(r.alloc_len < r.device_len for r in decodable), decodable)
+        if self.spec is not None:  # drafts count in device_len from here on (a retraction undoes them)
+            self.spec.plan(decodable)
+        self._make_room(lambda: sum(self._pages_to_feed(r) for r in decodable), decodable)
         if not decodable:
             return None
-        return self._batch([Extend(r, r.device_len - 1, r.device_len) for r in decodable], "decode")
+        verify = self.spec.batch(decodable) if self.spec is not None else None
+        return verify or self._batch([Extend(r, r.device_len - 1, r.device_len) for r in decodable], "decode")
 
-    def _prompt_pages(self, req: Req | None) -> int:
-        """Pages a request still needs for what it must prefill (0 for None)."""
-        return 0 if req is None else self.cache.pages_for(req.device_len) - req.alloc_len // self.page_size
+    def _pages_to_feed(self, req: Req | None) -> int:
+        """Pages a request still needs for the positions it feeds next, up to ``device_len - 1`` (0 for None)."""
+        return 0 if req is None else max(0, self.cache.pages_for(req.device_len) - req.alloc_len // self.page_size)
 
     def _make_room(self, pages: Callable[[], int], batch: list[Req]) -> None:
         """Retract running requests, newest first, until ``pages()`` fit in the free and evictable
@@ -217,10 +220,8 @@ class Scheduler:
         self._retracted.append(req.uid)
 
     def _batch(self, extends: list[Extend], phase: str) -> Batch:
-        batch = Batch([x.req for x in extends], phase)  # type: ignore[arg-type]
-        batch.starts = [x.start for x in extends]
-        batch.ends = [x.end for x in extends]
-        return batch
+        xs = extends
+        return Batch([x.req for x in xs], phase, [x.start for x in xs], [x.end for x in xs])  # type: ignore[arg-type]
 
     def prepare(self, batch: Batch) -> SamplingInfo:
         """Allocate KV for the batch's new tokens, build its tensors, and advance the requests'
@@ -265,6 +266,8 @@ class Scheduler:
     def launch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:
         """Run the forward pass; write the kept samples into the token pool (on the device), where
         the next decode batch reads its inputs."""
+        if batch.spec is not None:  # a verify pass writes its kept tokens into the token pool itself
+            return self.spec.launch(batch, info)  # type: ignore[union-attr]
         if batch.extras is None:  # (the two-argument call: lessons and tests wrap forward_batch)
             tokens = self.engine.forward_batch(batch, info)
         else:
@@ -284,8 +287,7 @@ class Scheduler:
     def to_host(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         if tokens.device.type != "cuda":
             return tokens, None
-        host = tokens.to("cpu", non_blocking=True)
-        ready = torch.cuda.Event()
+        host, ready = tokens.to("cpu", non_blocking=True), torch.cuda.Event()
         ready.record()
         return host, ready
 
@@ -298,15 +300,18 @@ class Scheduler:
     def process(self, batch: Batch, tokens: torch.Tensor) -> list[TokenEvent]:
         events: list[TokenEvent] = []
         self.extras.collect_prompt(batch)
-        for i, (req, keep, epoch, tok) in enumerate(zip(batch.reqs, batch.sample_mask, batch.epochs, tokens.tolist())):
+        for i, (req, keep, epoch, row) in enumerate(zip(batch.reqs, batch.sample_mask, batch.epochs, tokens.tolist())):
             if not keep or req.finish_reason is not None or req in self._finished or req.epoch != epoch:
                 continue
-            events.append(self.extras.on_token(batch, i, req, tok, req.append_token(tok, self.eos_ids)))
-            reason = events[-1].finish_reason
-            if reason is not None:
-                self._finish(req, reason)
-            elif len(req.output_ids) == 1 and self.cache.shares_prefixes:
-                self.cache.share_prompt(req)
+            # a verify row: its counters roll back to the accepted tokens, which count one by one
+            for tok in [row] if batch.spec is None else self.spec.accepted(batch, i, req, row):  # type: ignore[union-attr]
+                events.append(self.extras.on_token(batch, i, req, tok, req.append_token(tok, self.eos_ids)))
+                if (reason := events[-1].finish_reason) is not None:
+                    self._finish(req, reason)
+                    break
+            else:
+                if len(req.output_ids) == 1 and self.cache.shares_prefixes:
+                    self.cache.share_prompt(req)
         if self.observers and self._events:
             ev = self._events.popleft()
             ev.t_done = time.perf_counter()

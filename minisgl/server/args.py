@@ -188,6 +188,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         except (ValueError, ImportError) as e:
             ap.error(f"--detokenizer: {e}")
         engine["components"] = {"detokenizer": ns.detokenizer}
+    algo = engine.get("speculative_algorithm")
+    if algo is not None and ":" not in algo:
+        from minisgl.speculative import DRAFTERS
+
+        if algo.lower() not in DRAFTERS:
+            ap.error(f"--speculative-algorithm: {algo!r} is not one of NGRAM, none (or a registered drafter)")
     try:
         EngineConfig.from_kwargs(**engine)  # check now: a bad flag is a usage error, not a crash later
     except (ValueError, TypeError) as e:

@@ -5,7 +5,8 @@ The names, types, label (``model_name``) and histogram buckets are SGLang's (``s
 server too. Two sources:
 
 - gauges, read from the scheduler at scrape time (``Frontend.stats``, what ``GET /stats`` shows):
-  running and queued requests, the KV pool's size, use and share used, the prefix-cache hit rate;
+  running and queued requests, the KV pool's size, use and share used, the prefix-cache hit rate,
+  speculative decoding's acceptance rate and length;
   left out while the engine is loading or gone (the rest of the page still answers);
 - counters and histograms, measured here in the API server, per sequence (a choice: ``n`` of them
   per prompt, each one request to the scheduler, as in SGLang): its prompt and generated tokens,
@@ -34,6 +35,7 @@ ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035
 ITL_BUCKETS += (0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
 E2E_BUCKETS = TTFT_BUCKETS + (600, 1200, 1800, 2400)
 
+
 # gauge name -> (help, how to read it from the scheduler's stats)
 GAUGES: dict[str, tuple[str, Callable[[dict[str, Any]], float]]] = {
     "sglang:num_running_reqs": ("The number of running requests.", lambda s: s["running_requests"]),
@@ -49,6 +51,15 @@ GAUGES: dict[str, tuple[str, Callable[[dict[str, Any]], float]]] = {
     ),
     "sglang:token_usage": ("The token usage.", lambda s: s["kv"]["usage"]),
     "sglang:cache_hit_rate": ("The prefix cache hit rate.", lambda s: s["cache"]["hit_rate"]),
+    # speculative decoding (0 without it): accepted drafts / proposed, and tokens per verify incl. the bonus
+    "sglang:spec_accept_rate": (
+        "The average acceptance rate of speculative decoding.",
+        lambda s: s["speculative"]["accept_rate"],
+    ),
+    "sglang:spec_accept_length": (
+        "The average acceptance length of speculative decoding.",
+        lambda s: s["speculative"]["accept_length"],
+    ),
 }
 
 

@@ -126,6 +126,7 @@ class _Request(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False  # extension
+    speculative: StrictBool = True  # extension: false opts out of speculative decoding (--speculative-algorithm)
     user: Text | None = None
     response_format: ResponseFormat | None = None
     regex: Text | None = None  # extension (SGLang's): the output matches this regex
@@ -165,6 +166,7 @@ class _Request(BaseModel):
             top_p=1.0 if self.top_p is None else float(self.top_p),
             max_tokens=max_tokens,
             ignore_eos=self.ignore_eos,
+            speculative=self.speculative,
             stop_token_ids=list(self.stop_token_ids or []),
             seed=self.seed,
             json_schema=self.json_schema_text,
@@ -271,6 +273,7 @@ class NativeSampling(BaseModel):
     stop: Text | list[Text] | None = Field(None, validate_default=True)  # a list once validated
     stop_token_ids: list[Int32] | None = None
     ignore_eos: StrictBool = False
+    speculative: StrictBool = True  # false: this request never drafts (--speculative-algorithm)
     seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)  # 63-bit seeds
     json_schema: Text | None = None  # SGLang's constraints: at most one
     regex: Text | None = None
@@ -288,6 +291,7 @@ class NativeSampling(BaseModel):
             top_p=float(self.top_p),
             max_tokens=self.max_new_tokens,
             ignore_eos=self.ignore_eos,
+            speculative=self.speculative,
             stop_token_ids=list(self.stop_token_ids or []),
             seed=self.seed,
             json_schema=self.json_schema,

@@ -46,6 +46,7 @@ from minisgl.message import (
 from minisgl.process import setup_child
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.replicated import LeaderGone, ReplicatedScheduler, follow
+from minisgl.scheduler.speculate import spec_stats
 from minisgl.scheduler.warmup import warm_up
 from minisgl.server.ipc import MsgReader, bind_inbox
 
@@ -129,6 +130,7 @@ class SchedulerWorker:
                 hit_tokens=s.stats.hit_tokens,
                 prefill_tokens=s.stats.prefill_tokens,
             ),
+            speculative=spec_stats(s.spec),
         )
 
     # ---- messages ----------------------------------------------------------------------------

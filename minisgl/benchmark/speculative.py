@@ -1,0 +1,130 @@
+"""Speculative decoding, single stream on the CPU: tokens per second with and without n-gram drafting
+(``--speculative-algorithm NGRAM``), on a workload that copies its prompt (a code edit) and on the chat
+prompt of ``single_stream.py``, with the acceptance measured in the same runs.
+
+    python -m minisgl.benchmark.speculative --tokens 128 --repeats 5
+
+Both engines (plain and speculative) live in this process and take turns, one run each per round, after a
+warm-up round: a shared machine's drift hits both alike. Decode speed excludes the prefill and the first
+token, as in ``single_stream.py``: ``n - 1`` tokens over the time of an ``n``-token run less a 1-token run.
+Greedy, EOS ignored. Each rate is given per wall second and per CPU second of the process (all threads):
+on a shared machine the second is the less noisy. Also reported: whether the two engines' tokens agree
+(exact in float32; in bfloat16 a verify pass may round differently from a decode step, so a near-tie can
+split them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from minisgl.benchmark.single_stream import PROMPT as CHAT_PROMPT
+
+CODE = '''def moving_average(values, window):
+    """The mean of each run of `window` consecutive values."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    result = []
+    total = 0.0
+    for i, x in enumerate(values):
+        total += x
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            result.append(total / window)
+    return result
+'''
+EDIT_PROMPT = (
+    "Here is a Python function:\n\n```python\n" + CODE + "```\n\n"
+    "Rewrite the whole function with the variable `total` renamed to `running_sum`. Output only the code."
+)
+WORKLOADS = {"code-edit": EDIT_PROMPT, "chat": CHAT_PROMPT}
+
+
+def runner(dtype: str, tokens: int, spec: str | None, k: int):
+    from minisgl import LLM, SamplingParams
+    from minisgl.tokenizer import apply_chat_template
+
+    llm = LLM(None, dtype=dtype, speculative_algorithm=spec, speculative_num_draft_tokens=k)
+    ids = {
+        name: apply_chat_template(llm.tokenizer, [{"role": "user", "content": text}])
+        for name, text in WORKLOADS.items()
+    }
+
+    def run(workload: str) -> tuple[float, float, list[int], tuple[int, int, int]]:
+        """tokens per wall second and per CPU second of the process (all its threads: on a loaded machine
+        the less noisy of the two), the tokens, and (verify rows, drafts, accepted) during the long run."""
+        one = SamplingParams(max_tokens=1, ignore_eos=True)
+        clocks = lambda: (time.perf_counter(), time.process_time())
+        t0 = clocks()
+        llm.generate([ids[workload]], one, use_tqdm=False)
+        t1 = clocks()
+        s = llm.scheduler.spec.stats if llm.scheduler.spec else None
+        before = (s.verify_rows, s.draft_tokens, s.accepted_tokens) if s else (0, 0, 0)
+        out = llm.generate([ids[workload]], SamplingParams(max_tokens=tokens, ignore_eos=True), use_tqdm=False)
+        t2 = clocks()
+        after = (s.verify_rows, s.draft_tokens, s.accepted_tokens) if s else (0, 0, 0)
+        delta = tuple(a - b for a, b in zip(after, before))
+        wall, cpu = ((tokens - 1) / ((t2[i] - t1[i]) - (t1[i] - t0[i])) for i in (0, 1))
+        return wall, cpu, out[0].token_ids, delta
+
+    return run, llm
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--k", type=int, default=4, help="--speculative-num-draft-tokens")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    engines = {
+        "plain": runner(args.dtype, args.tokens, None, args.k),
+        "ngram": runner(args.dtype, args.tokens, "NGRAM", args.k),
+    }
+    rates = {(w, e): [] for w in WORKLOADS for e in engines}  # (wall, cpu) tokens/s per run
+    counts = {w: [0, 0, 0] for w in WORKLOADS}
+    tokens: dict = {}
+    for r in range(args.repeats + 1):  # round 0 warms up
+        for w in WORKLOADS:
+            for e, (run, _) in engines.items():
+                wall, cpu, toks, delta = run(w)
+                tokens[(w, e)] = toks
+                if r > 0:
+                    rates[(w, e)].append((wall, cpu))
+                    if e == "ngram":
+                        counts[w] = [c + d for c, d in zip(counts[w], delta)]
+    rows = []
+    med = lambda w, e, i: statistics.median(x[i] for x in rates[(w, e)])
+    for w in WORKLOADS:
+        n_rows, drafts, acc = counts[w]
+        same = sum(a == b for a, b in zip(tokens[(w, "plain")], tokens[(w, "ngram")]))
+        row = dict(workload=w)
+        for i, clock in enumerate(("wall", "cpu")):
+            plain, ngram = med(w, "plain", i), med(w, "ngram", i)
+            row.update({f"plain_{clock}_tok_s": round(plain, 2), f"ngram_{clock}_tok_s": round(ngram, 2)})
+            row[f"{clock}_speedup"] = round(ngram / plain, 2)
+        row.update(
+            accept_rate=round(acc / drafts, 3) if drafts else 0.0,
+            accept_length=round((acc + n_rows) / n_rows, 2) if n_rows else 0.0,
+            verify_steps_per_run=round(n_rows / args.repeats, 1),
+            tokens_agree=f"{same}/{len(tokens[(w, 'plain')])}",
+            runs={e: [(round(a, 2), round(b, 2)) for a, b in rates[(w, e)]] for e in engines},
+        )
+        rows.append(row)
+        print(json.dumps(row))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "tokens": args.tokens, "k": args.k, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The scheduler's side of speculative decoding (``--speculative-algorithm``): which requests draft,
+the verify batch, and the rollback of what the target rejected.
+
+A step, for a request ``r`` whose tokens ``[0, n)`` are all on the host (``device_len == n``)::
+
+    plan     drafts d0..d(k-1) = drafter.propose(r, k);  device_len = n + k   (drafts count as tokens)
+    batch    extend [n - 1, n + k): the drafts go into the token pool, KV pages for them are allocated,
+             prepare() advances the counters as for any pass: cached_len = n + k, device_len = n + k + 1
+    launch   logits at all k + 1 positions, verifier -> a accepted drafts + 1 token; that token goes into
+             the token pool at n + a (accepted drafts are already there)
+    process  rollback: cached_len = n + a, device_len = n + a + 1; append the a + 1 tokens one by one,
+             stopping exactly where a plain decode would (EOS, stop ids, max_tokens, an abort)
+
+What the rollback leaves: KV slots of positions ``[n + a, n + k)`` hold the rejected drafts' keys and
+stay with the request (its next positions reuse them: ``alloc_len`` never shrinks, so the reservation
+``pages_still_needed`` is what it would be without speculation); nothing reads a position at or past
+``device_len`` before a pass writes it. The radix cache never sees them: a request's KV goes to the
+cache through ``release_request``, which inserts ``all_token_ids()[:cached_len]`` (accepted tokens
+only). ``k <= max_device_len - n - 1`` keeps every KV write inside the request's reservation.
+
+Which requests draft: a speculative request (``SamplingParams.speculative``, the default) without a
+grammar or logprobs (their masks and scores are per sampled token: not done for verify rows), and only
+in a batch where no request has those (that batch decodes plainly). Its drafts need its tokens on the
+host: under the overlap loop a speculative request whose last pass is still in flight waits one step
+(it then runs as under the plain loop). A verify batch runs eagerly (no CUDA graph, no CPU decode step:
+it is a multi-token extend); a decode step in which no request found a draft is a plain decode batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from minisgl.attention.context import forward_context
+from minisgl.core import Batch, Req
+from minisgl.scheduler.admission import Extend
+from minisgl.scheduler.decode import DecodeManager
+from minisgl.speculative.base import DRAFTERS, VERIFIERS
+
+
+@dataclass
+class SpecStats:
+    verify_rows: int = 0  # request-steps that ran a verify with at least one draft
+    draft_tokens: int = 0  # drafts those proposed
+    accepted_tokens: int = 0  # of which the target accepted
+
+    @property
+    def accept_rate(self) -> float:
+        """Accepted drafts over proposed ones (SGLang's ``spec_accept_rate``)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def accept_length(self) -> float:
+        """Tokens output per verify row, the correction or bonus included (SGLang's ``spec_accept_length``)."""
+        return (self.accepted_tokens + self.verify_rows) / self.verify_rows if self.verify_rows else 0.0
+
+
+def spec_stats(spec: SpecManager | None) -> dict:
+    """``GET /stats``' ``speculative`` part (zeros, and algorithm None, without speculation)."""
+    s = spec.stats if spec is not None else SpecStats()
+    return dict(
+        algorithm=spec.algorithm if spec is not None else None,
+        num_draft_tokens=spec.k if spec is not None else 0,
+        verify_rows=s.verify_rows,
+        draft_tokens=s.draft_tokens,
+        accepted_tokens=s.accepted_tokens,
+        accept_rate=s.accept_rate,
+        accept_length=s.accept_length,
+    )
+
+
+@dataclass
+class SpecPlan:
+    """``Batch.spec`` of a verify batch: row ``i`` drafted ``drafts[i]`` (maybe none)."""
+
+    drafts: list[list[int]] = field(default_factory=list)
+
+
+class SpecManager:
+    def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager):
+        name = algorithm if ":" in algorithm else algorithm.lower()  # NGRAM is SGLang's spelling; a path keeps its case
+        self.algorithm, self.drafter = algorithm, DRAFTERS.get(name)()
+        self.verifier = VERIFIERS.get(verifier)()
+        self.k, self.engine, self.table, self.decode = num_draft_tokens, engine, engine.table, decode
+        self.stats = SpecStats()
+        self._drafts: dict[Req, list[int]] = {}  # this step's drafts (already counted in device_len)
+
+    @classmethod
+    def create(cls, config, engine, decode: DecodeManager) -> SpecManager | None:
+        """The manager ``config`` asks for (``speculative_algorithm``), or None without speculation."""
+        algo, k = config.speculative_algorithm, config.speculative_num_draft_tokens
+        return cls(algo, k, config.components.verifier, engine, decode) if algo else None
+
+    @staticmethod
+    def plain_only(req: Req) -> bool:
+        """A request whose per-token extras (grammar mask, logprobs) a verify row does not compute."""
+        return req.sampling.grammar is not None or req.sampling.wants_logprobs
+
+    def plan(self, decodable: list[Req]) -> None:
+        """Before a decode batch: draft for ``decodable``, dropping from it (in place) the speculative
+        requests whose tokens are not all on the host yet; the drafts count in their ``device_len``."""
+        self._drafts = {}
+        if any(self.plain_only(r) for r in decodable):
+            return  # this batch decodes plainly
+        spec = lambda r: r.sampling.speculative
+        decodable[:] = [r for r in decodable if not spec(r) or r.prompt_len + len(r.output_ids) == r.device_len]
+        for req in decodable:
+            k = min(self.k, req.max_device_len - req.device_len - 1) if spec(req) else 0
+            drafts = self.drafter.propose(req, k)[:k] if k > 0 else []
+            if drafts:
+                self._drafts[req] = drafts
+                req.device_len += len(drafts)
+
+    def batch(self, reqs: list[Req]) -> Batch | None:
+        """The verify batch of what ``plan`` left (after retractions), or None if nobody drafted."""
+        drafts = [self._drafts.get(r, []) for r in reqs]
+        self._drafts = {}
+        if not any(drafts):
+            return None
+        for req, d in zip(reqs, drafts):
+            if d:  # the drafts enter the token pool: the pass reads its inputs from there
+                self.decode.held.add(req)  # its counters are provisional until processed: no batch plans it
+                n = req.device_len - len(d)
+                self.table.token_pool[req.table_idx, n : n + len(d)] = torch.tensor(d, dtype=torch.int32)
+        extends = [Extend(r, r.device_len - 1 - len(d), r.device_len) for r, d in zip(reqs, drafts)]
+        batch = Batch(reqs, "prefill", [x.start for x in extends], [x.end for x in extends])
+        batch.spec = SpecPlan(drafts)
+        return batch
+
+    @torch.inference_mode()
+    def launch(self, batch: Batch, info) -> torch.Tensor:
+        """The verify pass: logits at every position, the verdict, the kept token into the token pool.
+        Returns ``[B, K + 2]`` int64 on the device: accepted count, then the row's tokens."""
+        e, dev = self.engine, batch.input_ids.device
+        drafts = batch.spec.drafts
+        k1 = max(len(d) for d in drafts) + 1
+        with forward_context(batch, e.attn_backend):
+            e.attn_backend.prepare_metadata(batch)
+            every = torch.arange(batch.input_ids.shape[0], device=dev)
+            logits = e.model(batch.input_ids, batch.positions, every)  # [tokens, V]
+        lens = torch.tensor([len(d) + 1 for d in drafts])
+        first = torch.cumsum(lens, 0) - lens
+        idx = first[:, None] + torch.minimum(torch.arange(k1)[None, :], lens[:, None] - 1)  # padded: row's last
+        padded = torch.tensor([d + [-1] * (k1 - 1 - len(d)) for d in drafts], dtype=torch.int64)
+        starts = torch.tensor(batch.starts, dtype=torch.int64)
+        # output token number at the first position: the pass starts at the last real token (n - 1)
+        info.steps = (starts + 1 - torch.tensor([r.prompt_len for r in batch.reqs])).to(dev, non_blocking=True)
+        to = lambda t: t.to(dev, non_blocking=True)
+        verdict = self.verifier.verify(logits[to(idx)], to(padded), info, e.sampler)
+        rows = batch.table_idx[: batch.size]
+        kept = verdict.tokens.gather(1, verdict.accepted[:, None]).squeeze(1)
+        self.table.token_pool[rows, to(starts) + 1 + verdict.accepted] = kept.to(torch.int32)
+        return torch.cat([verdict.accepted[:, None], verdict.tokens], dim=1)
+
+    def accepted(self, batch: Batch, i: int, req: Req, row: list[int]) -> list[int]:
+        """``row`` (a ``launch`` row on the host) of request ``req`` at batch row ``i``: roll its counters
+        back to what the target accepted; returns its new tokens, in order."""
+        a, n = row[0], batch.starts[i] + 1
+        if drafted := len(batch.spec.drafts[i]):  # (a row without drafts was a plain decode: nothing to undo)
+            req.cached_len, req.device_len = n + a, n + a + 1
+            self.decode.held.discard(req)
+            self.stats.verify_rows += 1
+            self.stats.draft_tokens += drafted
+            self.stats.accepted_tokens += a
+        return row[1 : a + 2]

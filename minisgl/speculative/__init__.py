@@ -1,0 +1,11 @@
+"""Speculative decoding: a drafter guesses a request's next tokens, one target pass over the paged KV
+cache checks them all, and the scheduler rolls the rejected ones back.
+
+``base.py`` is the seam (``Drafter``, ``Verifier`` and their registries), ``ngram.py`` the prompt-lookup
+drafter, ``verify.py`` the engine's verifier; the scheduler's side (which requests draft, the verify
+batch, the rollback) is ``minisgl/scheduler/speculate.py``.
+"""
+
+from minisgl.speculative.base import DRAFTERS, VERIFIERS, Drafter, Verdict, Verifier
+
+__all__ = ["DRAFTERS", "VERIFIERS", "Drafter", "Verdict", "Verifier"]

@@ -56,6 +56,7 @@ def test_padded_vocab_word_boundaries():
 @points(4)
 def test_every_state_of_unicode_regexes(tiny_llama):
     """Every state of regexes with negated classes, '.', and non-ASCII characters, on the real vocabulary."""
+    lab.walk(compile_regex("a"), 0, b"a")  # a stub fails here, before the tokenizer loads
     tok = real_tokenizer(tiny_llama)
     vocab = lab.token_bytes(tok)
     for regex in [r"[^0-9 ]{2}é\d", r"ü.ß?", r"(ça|va)+!"]:

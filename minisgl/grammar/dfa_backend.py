@@ -7,7 +7,7 @@ accepting; a special token, an empty token or an id past the tokenizer's vocabul
 head) never. Each state's packed bitmask row is computed once, the first time a matcher is there,
 and cached with the compiled regex (a matcher's ``fill_bitmask`` is then a row copy). The tokens are
 indexed by their first byte, so a state walks only the tokens whose first byte it accepts (a state
-of ``\\d`` rules out all but a few hundred of the 49,152 tokens at that first byte). xgrammar (the
+of ``\\d`` walks only the tokens that start with a digit). xgrammar (the
 engine's default) does the same for context-free grammars, with a per-state cache of the tokens
 whose fate the state alone decides.
 """

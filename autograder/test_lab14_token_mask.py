@@ -26,10 +26,12 @@ _ENCODE = {b: c for c, b in BYTE_DECODER.items()}  # a byte -> the character a b
 
 class FakeTokenizer:
     """What ``token_bytes`` reads of a byte-level tokenizer: ``get_vocab()``, ``len()`` and
-    ``added_tokens_decoder``. ``tokens``: bytes for a vocabulary token, a str for a special added token."""
+    ``added_tokens_decoder`` (and ``all_special_ids``, which lists token 0 only, as HF's lists only some).
+    ``tokens``: bytes for a vocabulary token, a str for a special added token."""
 
     def __init__(self, tokens: list[bytes | str]):
         self.vocab, self.added_tokens_decoder = {}, {}
+        self.all_special_ids = [0]  # as in HF, not every special added token is listed here
         for i, t in enumerate(tokens):
             if isinstance(t, str):
                 self.vocab[t] = i
@@ -299,8 +301,8 @@ def expect_row(allowed: list[int], vocab_size: int) -> None:
     elif all(g == w or w == -(2**31) for g, w in zip(got.tolist(), want.tolist())):
         hint = " (a word of exactly 1 << 31 must wrap to -2**31 too: the test is word >= 1 << 31, not >)"
     raise AssertionError(
-        f"pack_row({allowed}, {vocab_size}) = {got.tolist()}, expected {want.tolist()}: bit t % 32 of word t // 32, "
-        f"the lowest bit first (bit order); the bits set are tokens {bits(got, bitmask_words(vocab_size) * 32)}{hint}"
+        f"pack_row({allowed}, {vocab_size}) sets the bits of tokens {bits(got, bitmask_words(vocab_size) * 32)}{hint}: "
+        f"got {got.tolist()}, expected {want.tolist()}; token t is bit t % 32 of word t // 32, the lowest bit first"
     )
 
 

@@ -77,8 +77,9 @@ Pitfalls the grader recognises (its messages name them):
 Grading: ``python -m autograder lab14`` checks each function on hand-made vocabularies and on the
 embedded tokenizer's 49,152 tokens against the engine's DFA backend (fixed regexes and random ones),
 then runs the engine on a tiny model with the real tokenizer and ``components={"grammar": "lab14"}``
-(a padded LM head too): every output full-matches its regex and equals the reference backend's
-greedy tokens.
+under six regexes (the greedy tokens of the reference backend, ``"dfa"``, are known): every output
+full-matches its regex, ends with "stop", and equals the reference's tokens. The padded LM head is
+checked on hand-made vocabularies (``vocab_size = len(tokenizer) + 40``).
 """
 
 from __future__ import annotations

@@ -182,6 +182,21 @@ LABS: dict[str, LabReferences] = {
             "minisgl.kernels.jit:cpu_module",  # the engine's compiled C++ (its paged_decode_attention)
         )
     ),
+    "lab14": LabReferences(
+        (
+            "minisgl.grammar.dfa_backend:DFABackend",
+            "minisgl.grammar.dfa_backend:DFAMatcher",
+            "minisgl.grammar.dfa_backend:vocab_bytes",
+            "minisgl.grammar.dfa_backend:walk",
+            "minisgl.grammar.base:pack_bitmask",  # the packing the lab asks for
+            "minisgl.grammar.xgrammar_backend:XGrammarBackend",
+            "minisgl.grammar.xgrammar_backend:XGrammarMatcher",
+        ),
+        {
+            "LabGrammarBackend": ("__init__", "compile", "row"),
+            "LabMatcher": ("accept_token", "fill_bitmask", "is_terminated"),
+        },
+    ),
 }
 
 _MARK = "__ag_engine_reference__"  # set on a tripwire: the dotted name of the reference it guards

@@ -47,9 +47,9 @@ def test_stubs_score_zero_and_finish_quickly(stubs):
     assert not not_stub, f"every stub failure should say 'not implemented yet' (the student's hint): {not_stub}"
     assert run.returncode == 1, f"failed tests must give exit code 1\n{run.explain()}"
     # CPU time, not wall time: a busy machine must not fail this (it runs alone, so the count is its own).
-    # ~10 s a lab: each lab's isolated run imports torch (~5 s); a stub caught in a hypothesis search or a
-    # model load costs far more
-    assert run.cpu_seconds < 10 * len(LABS), (
+    # 12 s a lab: each lab's isolated run imports torch (~5 s); 14 stubs measured 147 s (10.5 a lab) at load
+    # 3. A stub caught in a hypothesis search or a model load costs tens of seconds more
+    assert run.cpu_seconds < 12 * len(LABS), (
         f"grading the stubs of {len(LABS)} labs took {run.cpu_seconds:.0f} s of CPU; a stub must fail fast "
         "(hypothesis search?)"
     )

@@ -10,7 +10,8 @@ The mask of a batch is a packed bitmask, one row per batch row, 32 tokens per ``
 ``apply_bitmask`` sets the logits of the disallowed tokens of the constrained rows to ``-inf``
 before sampling; the other rows are not touched. Backends are registered in ``GRAMMAR_BACKENDS``
 and chosen with ``components={"grammar": NAME}`` (lesson 14 builds one from a DFA; the engine's
-own is xgrammar, ``minisgl/grammar/xgrammar_backend.py``).
+own is xgrammar, ``minisgl/grammar/xgrammar_backend.py``; ``dfa`` is the regex-only backend of
+``minisgl/grammar/dfa_backend.py``, lab 14's reference).
 """
 
 from __future__ import annotations
@@ -102,6 +103,6 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
 # name -> a GrammarBackend class; the engine's own is imported on first use (xgrammar is a heavy import)
 GRAMMAR_BACKENDS: Registry[type[GrammarBackend]] = Registry(
     "grammar backend",
-    {"default": "minisgl.grammar.xgrammar_backend:XGrammarBackend"},
+    {"default": "minisgl.grammar.xgrammar_backend:XGrammarBackend", "dfa": "minisgl.grammar.dfa_backend:DFABackend"},
     aliases={"xgrammar": "default"},
 )

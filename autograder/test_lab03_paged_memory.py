@@ -543,11 +543,13 @@ class TableMachine(RuleBasedStateMachine):
     def map_pages(self, data):
         p = self.p
         rows = data.draw(st.lists(st.sampled_from(sorted(self.rows)), min_size=1, unique=True))
+        if data.draw(st.booleans()):  # rows listed high to low half the time: pages go in the order rows lists them
+            rows.sort(reverse=True)
         starts, ends = [], []
         for row in rows:
             have = -(-len(self.rows[row]) // p) * p
             starts.append(have)
-            ends.append(have + p * data.draw(st.integers(0, (WIDTH - have) // p)))
+            ends.append(have + p * data.draw(st.integers(0, max(0, (WIDTH - have) // p))))  # have may pass WIDTH
         n = sum(e - s for s, e in zip(starts, ends)) // p
         pages = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n, unique=True))
         self.log.append(f"map_pages(rows={rows}, starts={starts}, ends={ends}, pages={pages})")

@@ -434,10 +434,19 @@ def check_returns(trace: Trace) -> None:
         want = [e for j in s.processed() for e in trace.phases.events[j]]
         if not isinstance(s.returned, list) or s.returned != want:
             what = f"process() of batch {s.processed()[0]} in that step returned" if want else "nothing was processed:"
+            # the hint first, the events short (uid:token): the report cuts a line past 300 characters
             raise AssertionError(
-                f"step {s.number} returned {s.returned!r}, but {what} {want}: return the tokens of the batch "
-                "processed in this step (also when draining, after schedule() returned None), [] when none"
+                "return the tokens of the batch processed in this step (also when draining, after schedule() "
+                f"returned None), [] when none: step {s.number} returned {_short(s.returned)}, but {what} "
+                f"{_short(want)}"
             )
+
+
+def _short(events) -> str:
+    """``[s1a:1000, s1b:1000]`` for a list of token events; anything else as its repr."""
+    if not isinstance(events, list) or not all(hasattr(e, "uid") and hasattr(e, "token_id") for e in events):
+        return repr(events)
+    return "[" + ", ".join(f"{e.uid}:{e.token_id}" for e in events) + "]"
 
 
 def check_in_flight(trace: Trace) -> None:

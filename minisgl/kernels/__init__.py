@@ -41,6 +41,16 @@ def triton_ops(x: torch.Tensor):
     return _triton() if x.is_cuda else None
 
 
+def fp8_quant_fn(x: torch.Tensor):
+    """``fp8_quant.quant_rows`` (one Triton kernel quantizing each row to FP8) for ``x`` on a GPU with
+    Triton, else None (``fp8_rows`` in torch)."""
+    if not x.is_cuda or _triton() is None:
+        return None
+    from minisgl.kernels import fp8_quant
+
+    return fp8_quant.quant_rows
+
+
 def fused_ops(x: torch.Tensor):
     """The fused norm/rope/activation kernels that can take ``x``, else None: FlashInfer's module on a
     GPU, ``cpu_fused`` (C++, same signatures) for a few tokens on the CPU. Decode is hundreds of tiny

@@ -60,3 +60,23 @@ def embedded_path() -> Path:
     from minisgl.models.embedded import embedded_model_path
 
     return embedded_model_path()
+
+
+def pytest_configure(config):
+    # the slowest tests at the end of a run of tests/ (where CI's 45 minutes go), unless asked otherwise
+    if config.option.durations is None:
+        config.option.durations = 25
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each lesson's run time (test_notebooks records it), so a plain CI log shows the budget held."""
+    rows = [
+        (r.nodeid.split("[")[-1].rstrip("]"), *dict(r.user_properties)["lesson_seconds"], r.outcome)
+        for reports in terminalreporter.stats.values()
+        for r in reports
+        if getattr(r, "when", None) == "call" and "lesson_seconds" in dict(getattr(r, "user_properties", []))
+    ]
+    if rows:
+        terminalreporter.write_sep("=", "lesson run times")
+        for name, seconds, how, outcome in sorted(rows):
+            terminalreporter.write_line(f"{name:<28} {seconds:7.1f} s  ({how}, {outcome})")

@@ -58,11 +58,12 @@ def _exercises_agreeing(nb) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 120)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path: Path):
+def test_notebook_runs(path: Path, record_property):
     nb = _read(path)
     if browser_lab.unavailable() is None and browser_lab.has_explorer(nb):
         run = browser_lab.run(path, TIMEOUT_S)  # shared with test_browser.py: one execution
         print(f"{path.name}: {run.seconds:.1f} s (JupyterLab)")
+        record_property("lesson_seconds", (round(run.seconds, 1), "JupyterLab"))
         if run.timed_out:
             pytest.fail(f"{path.name} did not finish within {TIMEOUT_S} s (in JupyterLab)", pytrace=False)
         error = browser_lab.first_error(run.nb)
@@ -90,6 +91,7 @@ def test_notebook_runs(path: Path):
     except CellExecutionError as e:  # its message holds the failing cell's source and traceback
         pytest.fail(f"{path.name}: a cell failed\n{_ANSI.sub('', str(e))}", pytrace=False)
     print(f"{path.name}: {time.monotonic() - start:.1f} s")
+    record_property("lesson_seconds", (round(time.monotonic() - start, 1), "nbclient"))
     agreeing = _exercises_agreeing(nb)
     assert not agreeing, f"{path.name}: with its exercises open, these checks report agreement: {agreeing}"
 

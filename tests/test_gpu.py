@@ -350,6 +350,26 @@ def test_fp8_quant_kernel_is_bit_equal_to_torch(dtype):
             assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8)), (k, dtype)
 
 
+def test_fp8_scaled_linear_equals_the_rowwise_scaled_mm():
+    """The engine's FP8 product (cuBLASLt with unit scales, then both scales in one float32 pass) is
+    torch's rowwise-scaled ``_scaled_mm`` up to one rounding to bf16."""
+    from minisgl.kernels.fp8_quant import quant_rows, scaled_linear
+    from minisgl.layers.linear import fp8_rows
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("FP8 tensor cores need Hopper")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    one = torch.ones((), device="cuda")
+    for m, k, n in ((1, 1024, 4096), (37, 5120, 1056), (256, 3072, 1024)):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        wq, ws = fp8_rows(torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16))
+        xq, xs = quant_rows(x)
+        got = scaled_linear(xq, xs, wq.t(), ws.view(1, -1), one, torch.bfloat16)
+        want = torch._scaled_mm(xq, wq.t(), xs, ws.view(1, -1), out_dtype=torch.bfloat16)
+        assert got.shape == (m, n) and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
+
+
 def test_fp8_weights_use_scaled_mm_on_hopper_and_match_the_emulation(gpu_models):
     """``--quantization fp8`` on an H100/H200: each layer is one ``torch._scaled_mm`` whose output is
     the CPU's emulation of the same rounding, up to bf16 output rounding and summation order; the engine

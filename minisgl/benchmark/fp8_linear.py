@@ -1,6 +1,8 @@
-"""One linear layer three ways on a Hopper GPU: bf16 ``F.linear``, FP8 with the input quantized by torch
-(``fp8_rows``: six kernels) and FP8 with the input quantized by one Triton kernel (``fp8_quant``); the
-GEMM of both FP8 rows is ``torch._scaled_mm`` with a scale per token and per output row.
+"""One linear layer four ways on a Hopper GPU: bf16 ``F.linear``; FP8 with the input quantized by torch
+(``fp8_rows``: six kernels) or by one Triton kernel (``fp8_quant.quant_rows``), each then
+``torch._scaled_mm`` with a scale per token and per output row (CUTLASS); and the engine's path, the
+Triton quantization, ``_scaled_mm`` with unit scales (cuBLASLt) and one rescaling pass
+(``fp8_quant.scaled_linear``).
 
     python -m minisgl.benchmark.fp8_linear --model Qwen3-14B --json minisgl/benchmark/results/h200-fp8-linear.json
 
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.benchmark.decode_ops import graph_us
-from minisgl.kernels.fp8_quant import quant_rows
+from minisgl.kernels.fp8_quant import quant_rows, scaled_linear
 from minisgl.layers.linear import fp8_rows
 from minisgl.models.config import ModelConfig
 from minisgl.models.resolve import resolve_model
@@ -42,11 +44,13 @@ def row(name: str, k: int, n: int, m: int) -> dict:
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
     wq, ws = fp8_rows(w)
     wt, ws = wq.t(), ws.view(1, -1)
+    one = torch.ones((), device=dev)
     mm = lambda q, s: torch._scaled_mm(q, wt, s, ws, out_dtype=torch.bfloat16)
     us = {
         "bf16": graph_us(lambda: F.linear(x, w), 50),
         "fp8 torch quant": graph_us(lambda: mm(*fp8_rows(x)), 50),
         "fp8 fused quant": graph_us(lambda: mm(*quant_rows(x)), 50),
+        "fp8 fused, cuBLASLt": graph_us(lambda: scaled_linear(*quant_rows(x), wt, ws, one, torch.bfloat16), 50),
         "quant alone": graph_us(lambda: quant_rows(x), 50),
     }
     return dict(layer=name, k=k, n=n, tokens=m, us=us)
@@ -69,6 +73,7 @@ def main() -> None:
                 f"{args.model:>10} {name:>8} {k:>6}->{n:<6} tokens {m:>5}: bf16 {u['bf16']:8.1f} us  "
                 f"fp8+torch {u['fp8 torch quant']:8.1f} ({u['bf16'] / u['fp8 torch quant']:.2f}x)  "
                 f"fp8+fused {u['fp8 fused quant']:8.1f} ({u['bf16'] / u['fp8 fused quant']:.2f}x)  "
+                f"cuBLASLt+rescale {u['fp8 fused, cuBLASLt']:8.1f} ({u['bf16'] / u['fp8 fused, cuBLASLt']:.2f}x)  "
                 f"quant {u['quant alone']:6.1f}",
                 flush=True,
             )

@@ -42,13 +42,13 @@ def triton_ops(x: torch.Tensor):
 
 
 def fp8_quant_fn(x: torch.Tensor):
-    """``fp8_quant.quant_rows`` (one Triton kernel quantizing each row to FP8) for ``x`` on a GPU with
-    Triton, else None (``fp8_rows`` in torch)."""
+    """The module ``fp8_quant`` (Triton: ``quant_rows``, ``scaled_linear``) for ``x`` on a GPU with
+    Triton, else None (``fp8_rows`` and ``_scaled_mm`` in torch)."""
     if not x.is_cuda or _triton() is None:
         return None
     from minisgl.kernels import fp8_quant
 
-    return fp8_quant.quant_rows
+    return fp8_quant
 
 
 def fused_ops(x: torch.Tensor):

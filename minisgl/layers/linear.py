@@ -68,13 +68,20 @@ class FP8Linear:
         self.scaled_mm = w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
         self.scaled_mm = self.scaled_mm and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0
         self.emulated: torch.Tensor | None = None  # the rounded weight in the model's dtype, built once
+        self.one = torch.ones((), dtype=torch.float32, device=w.device)  # scaled_linear's unit scales
 
     def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        # on a GPU one Triton kernel (kernels/fp8_quant.py, bit-equal to fp8_rows) instead of six
-        quant = fp8_quant_fn(x2) if self.scaled_mm and x2.stride(-1) == 1 else None
-        xq, xs = quant(x2) if quant is not None else fp8_rows(x2)
+        # on a GPU with Triton (kernels/fp8_quant.py): the quantization in one kernel (bit-equal to
+        # fp8_rows), the GEMM with scalar scales (cuBLASLt) and the two scales in one pass
+        fused = fp8_quant_fn(x2) if self.scaled_mm and x2.stride(-1) == 1 else None
+        if fused is not None:
+            xq, xs = fused.quant_rows(x2)
+            return fused.scaled_linear(xq, xs, layer.weight.t(), layer.weight_scale, self.one, self.dtype).view(
+                *shape[:-1], -1
+            )
+        xq, xs = fp8_rows(x2)
         if self.scaled_mm:
             y = torch._scaled_mm(xq, layer.weight.t(), xs, layer.weight_scale, out_dtype=self.dtype)
         else:

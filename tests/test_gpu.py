@@ -374,7 +374,7 @@ def test_fp8_weights_use_scaled_mm_on_hopper_and_match_the_emulation(gpu_models)
     """``--quantization fp8`` on an H100/H200: each layer is one ``torch._scaled_mm`` whose output is
     the CPU's emulation of the same rounding, up to bf16 output rounding and summation order; the engine
     runs on it with graphs and overlap."""
-    from minisgl.layers.linear import ColumnParallelLinear, quantize_fp8
+    from minisgl.layers.linear import CUBLASLT_UP_TO, ColumnParallelLinear, quantize_fp8
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("FP8 tensor cores need Hopper")
@@ -383,11 +383,14 @@ def test_fp8_weights_use_scaled_mm_on_hopper_and_match_the_emulation(gpu_models)
     layer.weight.data.normal_()
     quantize_fp8(layer)
     assert layer.fp8.scaled_mm
-    x = torch.randn(37, 256, device="cuda", dtype=torch.bfloat16)
-    got = layer(x)
-    layer.fp8.scaled_mm = False
-    want = layer(x)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+    # both GEMMs: cuBLASLt with the rescaling pass up to CUBLASLT_UP_TO rows, the rowwise-scaled one above
+    for rows in (37, CUBLASLT_UP_TO, CUBLASLT_UP_TO + 1):
+        x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+        layer.fp8.scaled_mm = True
+        got = layer(x)
+        layer.fp8.scaled_mm = False
+        want = layer(x)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max()))
     tokens, logits, llm = run(gpu_models["qwen3"], cuda_graph_max_bs=8, quantization="fp8")
     assert llm.scheduler.engine.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
     eager = run(gpu_models["qwen3"], cuda_graph_max_bs=0, quantization="fp8", components=PLAIN)[:2]

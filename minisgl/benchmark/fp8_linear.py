@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -77,9 +78,11 @@ def main() -> None:
                 f"quant {u['quant alone']:6.1f}",
                 flush=True,
             )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(model=args.model, device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    if args.json:  # a list of one record per model: a run appends its own
+        path = Path(args.json)
+        records = json.loads(path.read_text()) if path.exists() else []
+        records.append(dict(model=args.model, device=torch.cuda.get_device_name(), rows=rows))
+        path.write_text(json.dumps(records, indent=1))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,13 @@ def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+# FP8 GEMM on Hopper, by the number of rows (benchmark/fp8_linear.py, one H200): up to this many, cuBLASLt
+# with unit scales and a rescaling pass (1.0-1.7x bf16 on Qwen3-14B's layers at 1-256 rows, where the
+# rowwise-scaled kernel is 0.7-1.2x); above it, _scaled_mm with the per-row and per-column scales (CUTLASS:
+# 1.25-1.67x at 1,024-8,192 rows against 1.0-1.4x, since the float32 product's extra pass costs more there)
+CUBLASLT_UP_TO = 256
+
+
 class FP8Linear:
     """The product of a layer whose weight was quantized by :func:`quantize_fp8`."""
 
@@ -74,14 +81,13 @@ class FP8Linear:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         # on a GPU with Triton (kernels/fp8_quant.py): the quantization in one kernel (bit-equal to
-        # fp8_rows), the GEMM with scalar scales (cuBLASLt) and the two scales in one pass
+        # fp8_rows); up to CUBLASLT_UP_TO rows the GEMM with scalar scales (cuBLASLt) and the two scales in
+        # one pass, above it the rowwise-scaled _scaled_mm
         fused = fp8_quant_fn(x2) if self.scaled_mm and x2.stride(-1) == 1 else None
-        if fused is not None:
-            xq, xs = fused.quant_rows(x2)
-            return fused.scaled_linear(xq, xs, layer.weight.t(), layer.weight_scale, self.one, self.dtype).view(
-                *shape[:-1], -1
-            )
-        xq, xs = fp8_rows(x2)
+        xq, xs = fused.quant_rows(x2) if fused is not None else fp8_rows(x2)
+        if fused is not None and x2.shape[0] <= CUBLASLT_UP_TO:
+            y = fused.scaled_linear(xq, xs, layer.weight.t(), layer.weight_scale, self.one, self.dtype)
+            return y.view(*shape[:-1], -1)
         if self.scaled_mm:
             y = torch._scaled_mm(xq, layer.weight.t(), xs, layer.weight_scale, out_dtype=self.dtype)
         else:

@@ -2,8 +2,8 @@
 verifier's rule at its boundaries, greedy exactness against the plain engine on every path (so against
 HF: tests/test_parity.py), the sampled distribution by a chi-square test, and the server's flags and stats.
 
-Exactness runs in float32, as the HF parity tests do: in bf16 a verify pass (a k+1-token extend) may round
-differently from a decode step and split a near-tie."""
+Exactness runs in float32, as the HF parity tests do, and in bfloat16 where the CPU's verify pass runs each
+position as a decode row (the same arithmetic as a plain decode step)."""
 
 from __future__ import annotations
 
@@ -199,6 +199,41 @@ def test_greedy_exact_on_every_path(model, path_name, tiny_llama, tiny_qwen3, pl
     assert 0 < stats.accepted_tokens < stats.draft_tokens, f"the oracle should be partly right: {stats}"
     if path_name == "retract-small-pool":
         assert llm.scheduler.stats.retracted > 0, "the small pool should have forced a retraction"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_verify_passes_run_the_cpu_decode_layer_and_equal_plain_decoding(dtype, tiny_llama, monkeypatch):
+    """On a CPU a verify pass runs each of its positions as a decode row (``prepare_token_rows``), so the C++
+    decode layer takes it and each position is a plain decode step's arithmetic: the tokens equal plain
+    decoding in bfloat16 too. One request at a time: its k + 1 = 5 rows fit every ISA level's C++ layer."""
+    import minisgl.models.cpu_decode as cpu_decode
+    from minisgl.attention.context import get_ctx
+    from minisgl.kernels.jit import cpu_module
+
+    assert cpu_module() is not None, "the CPU kernels did not build: a C++ compiler is needed"
+    verify: list[bool] = []  # per verify pass: whether the C++ layer took it
+    run_layers = cpu_decode.run_layers
+
+    def recording(model, positions, x):
+        out = run_layers(model, positions, x)
+        if get_ctx().batch.spec is not None:
+            verify.append(out is not None)
+        return out
+
+    monkeypatch.setattr(cpu_decode, "run_layers", recording)
+    ps = prompts()[2:]
+    sp = SamplingParams(max_tokens=N_NEW, ignore_eos=True)
+    plain = LLM(str(tiny_llama), dtype=dtype)
+    REFS.clear()
+    REFS.update({tuple(p): plain.generate([p], sp, use_tqdm=False)[0].token_ids for p in ps})
+    with DRAFTERS.registered("test-oracle", OracleDrafter):
+        llm = LLM(str(tiny_llama), dtype=dtype, debug_checks=True, speculative_algorithm="test-oracle")
+        verify.clear()
+        got = {tuple(p): llm.generate([p], sp, use_tqdm=False)[0].token_ids for p in ps}
+    assert got == REFS, f"{dtype}: speculative tokens differ from plain decoding"
+    stats = llm.scheduler.spec.stats
+    assert len(verify) == stats.verify_rows > 0 and all(verify), f"verify passes not in the C++ layer: {verify}"
+    assert 0 < stats.accepted_tokens < stats.draft_tokens
 
 
 def test_ngram_exact_and_abort_mid_run(tiny_llama, plain_refs):

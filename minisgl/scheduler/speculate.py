@@ -22,8 +22,11 @@ Which requests draft: a speculative request (``SamplingParams.speculative``, the
 grammar or logprobs (their masks and scores are per sampled token: not done for verify rows), and only
 in a batch where no request has those (that batch decodes plainly). Its drafts need its tokens on the
 host: under the overlap loop a speculative request whose last pass is still in flight waits one step
-(it then runs as under the plain loop). A verify batch runs eagerly (no CUDA graph, no CPU decode step:
-it is a multi-token extend); a decode step in which no request found a draft is a plain decode batch.
+(it then runs as under the plain loop). On the torch backend (every CPU) a verify batch runs each of its
+positions as a decode row (``TorchBackend.prepare_token_rows``): the C++ decode layer takes it when its
+rows fit (``small_linear.max_rows``), and each position is a plain decode step's arithmetic, so the tokens
+equal plain decoding in bfloat16 too. Elsewhere (FlashInfer) it is a multi-token extend, run eagerly (no
+CUDA graph). A decode step in which no request found a draft is a plain decode batch.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minisgl.attention.context import forward_context
+from minisgl.attention.torch_backend import TorchBackend
 from minisgl.core import Batch, Req
 from minisgl.scheduler.admission import Extend
 from minisgl.scheduler.decode import DecodeManager
@@ -136,7 +140,10 @@ class SpecManager:
         drafts = batch.spec.drafts
         k1 = max(len(d) for d in drafts) + 1
         with forward_context(batch, e.attn_backend):
-            e.attn_backend.prepare_metadata(batch)
+            if type(e.attn_backend) is TorchBackend:  # each position a decode row: the C++ decode layer on a CPU
+                e.attn_backend.prepare_token_rows(batch)
+            else:
+                e.attn_backend.prepare_metadata(batch)
             every = torch.arange(batch.input_ids.shape[0], device=dev)
             logits = e.model(batch.input_ids, batch.positions, every)  # [tokens, V]
         lens = torch.tensor([len(d) + 1 for d in drafts])

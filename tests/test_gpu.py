@@ -127,6 +127,47 @@ def test_unsplit_decode_graphs_match_torch(gpu_models, references, model, page, 
     assert_same_greedy((tokens, logits), references[model])
 
 
+def test_speculative_verify_replays_decode_graphs(gpu_models):
+    """A verify pass runs as a decode batch with one row per position (``decode_rows`` in
+    scheduler/speculate.py), so with CUDA graphs on it replays the decode graph of that many rows. Drafts
+    are the plain engine's tokens with every third one wrong (steps accept all, some or none); the greedy
+    tokens equal the plain engine's (same flags) until a bf16 near-tie of the plain run's logits."""
+    from minisgl.speculative import DRAFTERS, Drafter
+
+    path = gpu_models["qwen3"]
+    cfg = dict(attention_backend="fi", cuda_graph_max_bs=16, components=OVERLAP)
+    ref_tokens, ref_rows, _ = run(path, **cfg)
+    ps = prompts()
+    refs = {tuple(p): t for p, t in zip(ps, ref_tokens)}
+
+    class Oracle(Drafter):
+        def propose(self, req, k):
+            n = len(req.output_ids)
+            return [t if (n + j) % 3 else (t + 1) % 4096 for j, t in enumerate(refs[tuple(req.input_ids)][n : n + k])]
+
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    with DRAFTERS.registered("test-gpu-oracle", Oracle):
+        llm = LLM(
+            str(path), dtype="bfloat16", device="cuda", num_pages=4096, speculative_algorithm="test-gpu-oracle",
+            **cfg,
+        )  # fmt: skip
+        runner, replayed = llm.scheduler.engine.graph_runner, []
+        replay = runner.replay
+        runner.replay = lambda batch: replayed.append(batch.spec is not None) or replay(batch)
+        outs = llm.generate(ps[:3], params, use_tqdm=False) + llm.generate(ps[3:], params, use_tqdm=False)
+    llm.scheduler.check_memory()
+    stats = llm.scheduler.spec.stats
+    assert sum(replayed) > 0, "no verify pass replayed a decode graph"
+    assert 0 < stats.accepted_tokens < stats.draft_tokens, stats
+    for p, o, want in zip(ps, outs, ref_tokens):
+        got = o.token_ids
+        t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if t is not None:  # only where the plain run's two choices were within bf16 rounding
+            row = ref_rows.of(p, len(want))[t]
+            gap = float(row[want[t]] - row[got[t]])
+            assert gap < LOGIT_ATOL, f"prompt of {len(p)} tokens, output {t}: {got[t]} for {want[t]} (led by {gap:.3f})"
+
+
 def test_flashinfer_refuses_float32(gpu_models):
     with pytest.raises(ValueError, match="bfloat16"):
         LLM(str(gpu_models["llama"]), dtype="float32", attention_backend="fi", device="cuda", num_pages=64)

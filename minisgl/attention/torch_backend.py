@@ -67,19 +67,6 @@ class TorchBackend(AttentionBackend):
             spans = [(rows[i], rows[i + 1] - rows[i], s) for i, s in enumerate(batch.starts)]
         batch.attn_metadata = TorchMetadata(kv_slots, seq_lens, mask, q_index, max_q, spans if max_q > 1 else None)
 
-    def prepare_token_rows(self, batch: Batch) -> None:
-        """Metadata that runs every new token of ``batch`` as a decode row of its own: the token at position
-        ``p`` of a request attends to that request's keys ``[0, p]``. Exact for any batch, since a pass
-        stores all its tokens' K/V before any row attends. A verify pass (a few tokens a request:
-        ``scheduler/speculate.py``) takes it, so it runs the decode path: on a CPU the C++ decode layer, and
-        each position the same arithmetic as a plain decode step at that position."""
-        device = self.page_table.device
-        lens = torch.tensor([e - s for s, e in zip(batch.starts, batch.ends)])
-        rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64).repeat_interleave(lens)
-        seq_lens = torch.cat([torch.arange(s + 1, e + 1, dtype=torch.int32) for s, e in zip(batch.starts, batch.ends)])
-        kv_slots = self.page_table[rows.to(device, non_blocking=True), : max(batch.ends)].to(torch.int64)
-        batch.attn_metadata = TorchMetadata(kv_slots, seq_lens.to(device, non_blocking=True), None, None, 1)
-
     def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
         md: TorchMetadata = batch.attn_metadata
         self.pool.store(layer_id, batch.out_loc, k, v)

@@ -81,8 +81,10 @@ class Engine:
         if self.device.type == "cuda":
             plan = GRAPH_PLANS.get(parts.graph_plan)()
             logits_bytes = lambda bs: bs * cfg.vocab_size * self.dtype.itemsize  # what each graph keeps
+            # a speculative verify pass is a decode batch of up to k + 1 rows a request (scheduler/speculate.py)
+            spec = 1 + config.speculative_num_draft_tokens if config.speculative_algorithm else 1
             sizes = capture_sizes(
-                config.cuda_graph_max_bs, self.device, self.max_running, self.attn_backend, plan, logits_bytes
+                config.cuda_graph_max_bs, self.device, self.max_running * spec, self.attn_backend, plan, logits_bytes
             )
             if sizes:
                 self.graph_runner = GraphRunner(self.model, self.attn_backend, self.kv_pool, self.table, sizes, plan)

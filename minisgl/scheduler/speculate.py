@@ -22,11 +22,10 @@ Which requests draft: a speculative request (``SamplingParams.speculative``, the
 grammar or logprobs (their masks and scores are per sampled token: not done for verify rows), and only
 in a batch where no request has those (that batch decodes plainly). Its drafts need its tokens on the
 host: under the overlap loop a speculative request whose last pass is still in flight waits one step
-(it then runs as under the plain loop). On the torch backend (every CPU) a verify batch runs each of its
-positions as a decode row (``TorchBackend.prepare_token_rows``): the C++ decode layer takes it when its
-rows fit (``small_linear.max_rows``), and each position is a plain decode step's arithmetic, so the tokens
-equal plain decoding in bfloat16 too. Elsewhere (FlashInfer) it is a multi-token extend, run eagerly (no
-CUDA graph). A decode step in which no request found a draft is a plain decode batch.
+(it then runs as under the plain loop). A verify batch runs as a decode batch with one row per position
+(``decode_rows``): a CUDA graph on a GPU where one of that many rows was captured, the C++ decode layer on
+a CPU where its rows fit (``small_linear.max_rows``). A decode step in which no request found a draft is a
+plain decode batch.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from dataclasses import dataclass, field
 import torch
 
 from minisgl.attention.context import forward_context
-from minisgl.attention.torch_backend import TorchBackend
 from minisgl.core import Batch, Req
 from minisgl.scheduler.admission import Extend
 from minisgl.scheduler.decode import DecodeManager
@@ -79,6 +77,24 @@ class SpecPlan:
     """``Batch.spec`` of a verify batch: row ``i`` drafted ``drafts[i]`` (maybe none)."""
 
     drafts: list[list[int]] = field(default_factory=list)
+
+
+def decode_rows(batch: Batch) -> Batch:
+    """A verify batch (an extend of a few positions per request) as a decode batch with one row per
+    position: the row at position ``p`` attends to its request's keys ``[0, p]``. The same pass, since a
+    pass stores every position's K/V before any row attends; but it is a decode step to the engine, so it
+    runs the decode kernels, a CUDA graph on a GPU and the C++ decode layer on a CPU, and each position's
+    arithmetic is a plain decode step's (its tokens equal plain decoding in bfloat16 too)."""
+    lens = [e - s for s, e in zip(batch.starts, batch.ends)]
+    pos = [p for s, e in zip(batch.starts, batch.ends) for p in range(s, e)]
+    reqs = [r for r, n in zip(batch.reqs, lens) for _ in range(n)]
+    rows = Batch(reqs, "decode", pos, [p + 1 for p in pos], padded_size=len(pos))
+    rows.input_ids, rows.positions, rows.out_loc = batch.input_ids, batch.positions, batch.out_loc
+    rows.spec = batch.spec  # still a verify pass (what an observer of the forward pass sees)
+    dev = batch.input_ids.device
+    rows.table_idx = batch.table_idx[: batch.size].repeat_interleave(torch.tensor(lens, device=dev))
+    rows.logit_idx = torch.arange(len(pos), device=dev)
+    return rows
 
 
 class SpecManager:
@@ -139,13 +155,13 @@ class SpecManager:
         e, dev = self.engine, batch.input_ids.device
         drafts = batch.spec.drafts
         k1 = max(len(d) for d in drafts) + 1
-        with forward_context(batch, e.attn_backend):
-            if type(e.attn_backend) is TorchBackend:  # each position a decode row: the C++ decode layer on a CPU
-                e.attn_backend.prepare_token_rows(batch)
+        rows = decode_rows(batch)
+        with forward_context(rows, e.attn_backend):
+            if e.graph_runner is not None and e.graph_runner.can_run(rows):
+                logits = e.graph_runner.replay(rows)  # [tokens, V]: the decode graph of that many rows
             else:
-                e.attn_backend.prepare_metadata(batch)
-            every = torch.arange(batch.input_ids.shape[0], device=dev)
-            logits = e.model(batch.input_ids, batch.positions, every)  # [tokens, V]
+                e.attn_backend.prepare_metadata(rows)
+                logits = e.model(rows.input_ids, rows.positions, rows.logit_idx)
         lens = torch.tensor([len(d) + 1 for d in drafts])
         first = torch.cumsum(lens, 0) - lens
         idx = first[:, None] + torch.minimum(torch.arange(k1)[None, :], lens[:, None] - 1)  # padded: row's last

@@ -79,6 +79,11 @@ def run_lab(logits, drafts, info):
     return tokens, accepted
 
 
+def stub_first() -> None:
+    """One tiny call, so a stub fails at once with its hint (before a test builds its case)."""
+    run_lab(greedy_logits([[1, 2]]), torch.tensor([[1]]), make_info([0.0]))
+
+
 def output_of(tokens, accepted, r: int) -> list[int]:
     """What the engine outputs for row r: the accepted drafts, then one token."""
     a = int(accepted[r])
@@ -358,6 +363,7 @@ def safe_rows(logits, drafts, info) -> list[int]:
 def test_sampled_accept_test():
     """Sampled rows on 6 tokens: draft x at position j passes iff uniform(seed ^ ACCEPT_SALT, steps + j) <
     p(x); a draft that top-k removed (p = 0) never passes, the only finite token (p = 1) always does."""
+    stub_first()
     logits, drafts, info, rows = sampled_case(1, 48, 3, V)
     assert len(rows) >= 24, f"the test's own case: only {len(rows)} rows are far from a boundary"
     usual = "accept x iff uniform(seed ^ ACCEPT_SALT, step) < p(x), p = softmax(filter_logits(...)) at that position"
@@ -381,6 +387,7 @@ def test_sampled_accept_test():
 def test_sampled_residual():
     """After a rejection the token is draw_without(p, x, uniform(seed, step)): on 5 tokens, drafts that are
     each row's most likely token (rejected often), every draw compared where it is certain."""
+    stub_first()
     g = torch.Generator().manual_seed(3)
     rows, vocab = 64, 5
     logits = torch.randn(rows, 2, vocab, generator=g) * 1.2
@@ -399,6 +406,7 @@ def test_sampled_residual():
 def test_mixed_batch():
     """Greedy and sampled rows in one batch, with padding: each row follows its own rule (the greedy rows
     their argmax, whatever the others do) and gives what it gives alone."""
+    stub_first()
     logits, drafts, info, rows = sampled_case(4, 12, 4, 7, temps=[0.0, 0.8, 1.0, 0.0, 1.3, 0.6] * 2)
     assert len(rows) >= 6, f"the test's own case: only {len(rows)} rows are far from a boundary"
     check_verdict(logits, drafts, info, "a batch of greedy and sampled rows (temperatures 0, 0.8, 1, 0, 1.3, 0.6)",
@@ -419,6 +427,7 @@ def test_sampled_distribution():
     token at position 1 follows p1. Any verifier of the right distribution passes."""
     from scipy.stats import chi2
 
+    stub_first()
     g = torch.Generator().manual_seed(0)
     p0, p1 = torch.rand(V, generator=g) + 0.05, torch.rand(V, generator=g) + 0.05
     p0, p1 = p0 / p0.sum(), p1 / p1.sum()
@@ -447,6 +456,7 @@ def test_sampled_distribution():
 @points(2)
 def test_seeded_repeatable():
     """The same batch twice gives the same verdict (draws are counter-based on seed and step)."""
+    stub_first()
     logits, drafts, info, _ = sampled_case(5, 16, 3, V)
     a = run_lab(logits, drafts, info)
     b = run_lab(logits, drafts, info)
@@ -459,7 +469,7 @@ def test_seeded_repeatable():
 def test_greedy_random():
     """Random greedy batches (sizes, draft counts, padding, drafts right and wrong): every row's verdict is
     the engine's."""
-    run_lab(greedy_logits([[1, 2]]), torch.tensor([[1]]), make_info([0.0]))  # a stub fails here
+    stub_first()
     _greedy_random()
 
 

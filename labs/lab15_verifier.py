@@ -28,7 +28,8 @@ Contract (the grader compares each result with the engine's ``DefaultVerifier``;
   ``u`` ``[N]`` float64 in (0, 1) -> ``[N]`` int64: a draw from ``probs`` with token ``x`` removed and
   renormalised. The rule (so the grader can check each draw): ``cdf`` = cumulative sum of ``probs``
   with ``probs[x]`` set to 0, and the token is the first ``i`` with ``cdf[i] >= u * cdf[-1]``
-  (``u`` cast to float32); clamp to ``V - 1``.
+  (``u`` cast to float32); clamp to ``V - 1``. A row where ``x`` holds all the mass has a residual of
+  zeros: the rule gives token 0 (never a NaN from dividing by a total of 0).
 * ``LabVerifier.verify(logits, drafts, info, sampler)`` -> ``Verdict(tokens [B, k1], accepted [B])``:
 
   - ``plain`` = ``sampler.sample`` on all ``B * k1`` positions with ``per_position(info, k1)``: the

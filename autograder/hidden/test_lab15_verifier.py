@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autograder.adapters import lab15 as lab
 from autograder.points import points
 from autograder.test_lab15_verifier import check_verdict, make_info, safe_rows, stub_first
 
@@ -41,7 +42,23 @@ def test_top_p_and_large_seeds():
     check_verdict(logits, drafts, info, "sampled rows with seeds >= 2^62, top-p and steps past 2^32", usual, safe)
 
 
-@points(3)
+@points(2)
+def test_draw_without_all_the_mass():
+    """draw_without where x holds all the mass (its residual is all zeros: token 0 by the rule, no NaN), beside
+    rows where x is the first or the last token."""
+    probs = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.5, 0.25, 0.25], [0.25, 0.25, 0.5]])
+    x = torch.tensor([1, 0, 0, 2])
+    u = torch.tensor([0.7, 0.3, 0.6, 0.9], dtype=torch.float64)
+    got = lab.draw_without(probs.clone(), x.clone(), u.clone())
+    want = [0, 0, 2, 1]  # residuals: zeros, zeros, [0, .25, .25] (u * total .15), [.25, .25, 0] (.45)
+    assert isinstance(got, torch.Tensor) and got.tolist() == want, (
+        f"draw_without(probs {probs.tolist()}, x {x.tolist()}, u {u.tolist()}) = {got!r:.120}, expected {want}: a "
+        "residual of zeros has u * total = 0, and the first i with cdf[i] >= 0 is 0 (dividing by the total gives "
+        "0 / 0 = NaN)"
+    )
+
+
+@points(2)
 def test_bfloat16_logits():
     """The logits in bfloat16 (the model's dtype on a GPU), greedy and sampled rows: probabilities computed
     in float32 (logits.float()), every certain draw the engine's."""
@@ -54,7 +71,7 @@ def test_bfloat16_logits():
                   "the probabilities in float32, not in the logits' dtype", safe)  # fmt: skip
 
 
-@points(3)
+@points(2)
 def test_random_sampled_batches():
     """Random sampled and greedy batches (sizes, vocabularies, parameters, padding): every certain row is
     the engine's."""

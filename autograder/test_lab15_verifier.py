@@ -607,15 +607,18 @@ def _generate(model, drafter: str | None, components: dict, params_list, max_ste
         for uid, (prompt, params) in enumerate(params_list):
             reqs.append(sched.add_request(1000 + uid, prompt, params))
         steps = 0
+        rollback = "roll back to (cached_len, device_len) = (n + accepted, n + accepted + 1)"
         while sched.has_work:
-            sched.step()
+            try:
+                sched.step()
+            except AssertionError as e:  # the request's invariant cached_len < end <= device_len, or memory checks
+                raise AssertionError(f"the scheduler's checks failed ({e}): after a verify step, {rollback}") from None
             steps += 1
             if steps > max_steps:
                 stuck = [(len(r.output_ids), r.device_len - r.prompt_len) for r in reqs]
                 raise AssertionError(
-                    f"the engine made no progress in {max_steps} steps; (outputs, device_len - prompt_len) per "
-                    f"request: {stuck}. A request whose device_len is not prompt + outputs never drafts or decodes "
-                    "again: roll back to (n + accepted, n + accepted + 1)"
+                    f"no progress in {max_steps} steps: {rollback}. A request whose device_len is not prompt + "
+                    f"outputs never drafts or decodes again; (outputs, device_len - prompt_len) per request: {stuck}"
                 )
         sched.check_memory()
         return [list(r.output_ids) for r in reqs], sched.spec.stats if sched.spec else None

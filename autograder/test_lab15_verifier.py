@@ -113,7 +113,8 @@ def mistaken(logits, drafts, info, mistake: str):
     if mistake == "batch_greedy":
         greedy = torch.full_like(greedy, info.all_greedy)
     probs = filter_logits(logits.reshape(b * k1, vocab).float(), flat).softmax(-1).view(b, k1, vocab)[:, :k]
-    seeds, steps = flat.seeds.view(b, k1)[:, :k], flat.steps.view(b, k1)[:, :k]
+    seeds = flat.seeds.view(b, k1)[:, :k]  # the drafts' positions
+    steps = flat.steps.view(b, k1)[:, :k]
     p_x = probs.gather(2, x[..., None])[..., 0]
     salt = 0 if mistake == "unsalted" else ACCEPT_SALT
     lucky = uniform(seeds ^ salt, steps) < p_x.double()

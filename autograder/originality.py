@@ -197,6 +197,14 @@ LABS: dict[str, LabReferences] = {
             "LabMatcher": ("accept_token", "fill_bitmask", "is_terminated"),
         },
     ),
+    "lab15": LabReferences(
+        (  # the seam's methods are abstract; the sampler (sample, filter_logits, uniform) is lab 02's, allowed
+            "minisgl.speculative.verify:DefaultVerifier",
+            "minisgl.speculative.verify:per_position",
+            "minisgl.speculative.verify:leading",
+        ),
+        {"LabVerifier": ("verify", "rollback")},
+    ),
 }
 
 _MARK = "__ag_engine_reference__"  # set on a tripwire: the dotted name of the reference it guards

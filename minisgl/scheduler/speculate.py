@@ -8,8 +8,8 @@ A step, for a request ``r`` whose tokens ``[0, n)`` are all on the host (``devic
              prepare() advances the counters as for any pass: cached_len = n + k, device_len = n + k + 1
     launch   logits at all k + 1 positions, verifier -> a accepted drafts + 1 token; that token goes into
              the token pool at n + a (accepted drafts are already there)
-    process  rollback: cached_len = n + a, device_len = n + a + 1; append the a + 1 tokens one by one,
-             stopping exactly where a plain decode would (EOS, stop ids, max_tokens, an abort)
+    process  rollback (Verifier.rollback): cached_len = n + a, device_len = n + a + 1; append the a + 1
+             tokens one by one, stopping exactly where a plain decode would (EOS, stop ids, max_tokens, an abort)
 
 What the rollback leaves: KV slots of positions ``[n + a, n + k)`` hold the rejected drafts' keys and
 stay with the request (its next positions reuse them: ``alloc_len`` never shrinks, so the reservation
@@ -181,7 +181,7 @@ class SpecManager:
         back to what the target accepted; returns its new tokens, in order."""
         a, n = row[0], batch.starts[i] + 1
         if drafted := len(batch.spec.drafts[i]):  # (a row without drafts was a plain decode: nothing to undo)
-            req.cached_len, req.device_len = n + a, n + a + 1
+            req.cached_len, req.device_len = self.verifier.rollback(n, drafted, a)
             self.decode.held.discard(req)
             self.stats.verify_rows += 1
             self.stats.draft_tokens += drafted

@@ -6,6 +6,6 @@ drafter, ``verify.py`` the engine's verifier; the scheduler's side (which reques
 batch, the rollback) is ``minisgl/scheduler/speculate.py``.
 """
 
-from minisgl.speculative.base import DRAFTERS, VERIFIERS, Drafter, Verdict, Verifier
+from minisgl.speculative.base import DRAFTERS, VERIFIERS, Drafter, Rollback, Verdict, Verifier
 
-__all__ = ["DRAFTERS", "VERIFIERS", "Drafter", "Verdict", "Verifier"]
+__all__ = ["DRAFTERS", "VERIFIERS", "Drafter", "Rollback", "Verdict", "Verifier"]

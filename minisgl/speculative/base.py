@@ -49,6 +49,11 @@ class Verdict(NamedTuple):
     accepted: torch.Tensor  # [B] int64: drafts accepted, 0 <= accepted[r] <= num_drafts[r]
 
 
+class Rollback(NamedTuple):
+    cached_len: int  # positions whose KV holds accepted tokens: [0, cached_len)
+    device_len: int  # tokens in the token pool: the cached ones and the one the next pass feeds
+
+
 class Verifier(ABC):
     """Accept or reject a batch's drafts against the target model (lab 15's seam; ``VERIFIERS``).
 
@@ -75,10 +80,22 @@ class Verifier(ABC):
       with no draft left (the bonus) draws ``sampler.sample`` at ``steps + j``, so a row with no drafts
       gives the plain engine's token. Draws are counter-based on ``(seed, step)`` (``uniform``), never
       on other rows or earlier calls, so a seeded request repeats and tensor-parallel ranks agree;
-    - no host synchronisation (it runs inside the launch, like the sampler)."""
+    - no host synchronisation (it runs inside the launch, like the sampler).
+
+    ``rollback(n, drafted, accepted)``: a request had ``n >= 1`` tokens before the step (the pass fed
+    positions ``[n - 1, n + drafted)``) and ``0 <= accepted <= drafted`` of its drafts were accepted
+    (``ValueError`` otherwise, each argument checked). Returns the request's counters after the step, a
+    ``Rollback``: the KV of positions ``[0, n + accepted)`` holds its accepted tokens (at ``n + accepted``
+    the pass saw a rejected draft, or nothing: it is not cached), and its token pool holds one token more,
+    the verdict's last, which the next pass feeds. ``drafted == 0`` is a plain decode step's result. The
+    scheduler sets ``cached_len`` and ``device_len`` to it (the KV slots of rejected drafts stay with the
+    request: its next passes overwrite them)."""
 
     @abstractmethod
     def verify(self, logits: torch.Tensor, drafts: torch.Tensor, info: SamplingInfo, sampler: Sampler) -> Verdict: ...
+
+    @abstractmethod
+    def rollback(self, n: int, drafted: int, accepted: int) -> Rollback: ...
 
 
 # name -> a Drafter class, built with no arguments ("ngram": prompt lookup, ngram.py)

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from minisgl.engine.sample import Sampler, SamplingInfo, filter_logits, uniform
-from minisgl.speculative.base import Verdict, Verifier
+from minisgl.speculative.base import Rollback, Verdict, Verifier
 
 ACCEPT_SALT = 1 << 62  # seeds are < 2^63: xor keeps them non-negative and distinct from the draws' seeds
 
@@ -64,3 +64,8 @@ class DefaultVerifier(Verifier):
         pos = torch.arange(k1 - 1, device=drafts.device)[None, :]
         tokens[:, :-1] = torch.where(pos < accepted[:, None], drafts, tokens[:, :-1])
         return Verdict(tokens, accepted)
+
+    def rollback(self, n: int, drafted: int, accepted: int) -> Rollback:
+        if n < 1 or drafted < 0 or not 0 <= accepted <= drafted:
+            raise ValueError(f"rollback({n=}, {drafted=}, {accepted=}): needs n >= 1 and 0 <= accepted <= drafted")
+        return Rollback(n + accepted, n + accepted + 1)

@@ -1,0 +1,171 @@
+"""Lab 15: speculative decoding's verify step: accept or reject a batch's drafts, the token after them,
+and what to roll back.
+
+A drafter guessed ``k`` tokens for a request; one target pass gave logits at ``k + 1`` positions. You
+write the verifier that turns them into the tokens the request outputs, exactly as the plain engine
+would have (greedy) or following the target's distribution (sampled), and the rollback of the request's
+counters. It plugs into the engine through the seam of ``minisgl/speculative/base.py`` (read its
+``Verifier`` docstring first): the grader registers ``LabVerifier`` in ``VERIFIERS`` as ``"lab15"`` and
+runs the engine with ``speculative_algorithm="NGRAM"`` and ``components={"verifier": "lab15"}``. The
+engine's own verifier and its helpers (``minisgl/speculative/verify.py``) are off limits (a lab that
+derives from, calls or aliases them scores 0); the sampler's ``filter_logits`` and ``uniform`` and the
+``sampler`` you are given are yours to use::
+
+    drafts        d0   d1   d2   -1        (row r: 3 drafts, padded to K = 4)
+    logits row    0    1    2    3    4     row j predicts output token steps[r] + j
+    greedy        d0 == argmax0?  d1 == argmax1?  ...   accepted = the leading run of yes
+    verdict       [d0, d1, t2, ., .]        accepted 2: two drafts, then t2 from row 2's logits
+
+Contract (the grader compares each result with the engine's ``DefaultVerifier``; shapes: ``B`` rows,
+``K`` draft slots, ``V`` tokens; ``k1 = K + 1``):
+
+* ``per_position(info, k1)`` -> the ``SamplingInfo`` of ``B * k1`` rows, row ``r * k1 + j`` being
+  position ``j`` of row ``r``: row ``r``'s temperature, top-k, top-p and seed, and step
+  ``info.steps[r] + j``; ``all_greedy``, ``need_top_k``, ``need_top_p`` as in ``info``.
+* ``leading_accepted(accept)``: ``[B, K]`` bool -> ``[B]`` int64, how many *leading* entries of each
+  row are True (a True after a False does not count).
+* ``draw_without(probs, x, u)``: ``probs`` ``[N, V]`` (float32 probabilities), ``x`` ``[N]`` int64,
+  ``u`` ``[N]`` float64 in (0, 1) -> ``[N]`` int64: a draw from ``probs`` with token ``x`` removed and
+  renormalised. The rule (so the grader can check each draw): ``cdf`` = cumulative sum of ``probs``
+  with ``probs[x]`` set to 0, and the token is the first ``i`` with ``cdf[i] >= u * cdf[-1]``
+  (``u`` cast to float32); clamp to ``V - 1``. A row where ``x`` holds all the mass has a residual of
+  zeros: the rule gives token 0 (never a NaN from dividing by a total of 0).
+* ``LabVerifier.verify(logits, drafts, info, sampler)`` -> ``Verdict(tokens [B, k1], accepted [B])``:
+
+  - ``plain`` = ``sampler.sample`` on all ``B * k1`` positions with ``per_position(info, k1)``: the
+    plain engine's token at every position (the argmax of a greedy row);
+  - a draft of ``-1`` (padding) is never accepted;
+  - greedy rows (``info.temperatures[r] == 0``, each row its own): draft ``j`` passes iff it equals
+    ``plain[r, j]``;
+  - sampled rows: ``p`` = ``softmax(filter_logits(logits.float(), ...))`` at each position (float32);
+    draft ``x`` at position ``j`` passes iff ``uniform(seed ^ ACCEPT_SALT, step) < p(x)`` (the salted
+    stream, compared in float64; ``step = steps[r] + j``);
+  - ``accepted[r]`` = ``leading_accepted`` of the passes; ``tokens[r, j] = drafts[r, j]`` for
+    ``j < accepted[r]``;
+  - ``tokens[r, accepted[r]]``: at a rejected draft ``x`` of a sampled row, ``draw_without(p, x, u)``
+    with ``u = uniform(seed, step)`` (the plain draw's own number); at a rejected draft of a greedy
+    row, and where the row has no draft left (the bonus: every draft accepted, or padding), ``plain``;
+  - no host synchronisation: no ``.item()``, ``.tolist()``, ``bool(tensor)``, ``nonzero`` (the
+    verifier runs inside the engine's launch, like the sampler). ``info.all_greedy`` is a Python bool
+    you may branch on.
+* ``LabVerifier.rollback(n, drafted, accepted)`` -> ``Rollback(cached_len, device_len)`` as the seam
+  states: ``(n + accepted, n + accepted + 1)``; ``ValueError`` unless ``n >= 1`` and
+  ``0 <= accepted <= drafted`` (each checked on its own; ``accepted == drafted`` is every draft
+  accepted, a valid step).
+
+Why the sampled rule is exact: the output is ``x`` with probability ``p(x)``, and ``y != x`` with
+probability ``(1 - p(x)) * p(y) / (1 - p(x)) = p(y)``; the accept test and the draw use two different
+uniforms (else a rejection, ``u >= p(x)``, would bias the draw).
+
+Pitfalls the grader recognises (its messages name them):
+
+* the accepted prefix: off by one (the rejected draft output instead of the target's token); drafts
+  that pass after a rejection counted (``accept.sum()`` instead of the leading run); padding ``-1``
+  accepted (clamped to token 0, it passes where the target likes token 0);
+* the token after the drafts: the bonus forgotten or taken from another position; in a padded row, a
+  residual drawn where no draft is left (that position is the plain draw);
+* per-position parameters: every position given the row's own step (every position then draws the
+  same number); rows laid out position-major (``repeat`` for ``repeat_interleave``);
+* sampled rows: the accept test on the plain stream ``uniform(seed, step)`` instead of the salted
+  one (accept and draw correlated); the residual drawn from ``p`` without removing ``x``, or ``u`` not
+  scaled by the residual's total (it is ``1 - p(x)``, not 1); greedy rows judged by ``all_greedy``
+  of the batch instead of their own temperature;
+* the rollback: not done (the counters stay at ``n + drafted``), the correction counted as cached,
+  or the bonus counted twice in ``device_len``.
+
+Grading: ``python -m autograder lab15`` checks each function on fixed boundary cases and random ones
+against the engine's verifier, the sampled rule draw by draw on small vocabularies whose uniforms are
+known, the output distribution by a chi-square test, and then the engine on a tiny model with
+n-gram drafting and your verifier: its greedy tokens must be the plain engine's, and its sampled
+tokens the reference verifier's under the same seeds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.engine.sample import Sampler, SamplingInfo, filter_logits, uniform
+from minisgl.speculative.base import Rollback, Verdict, Verifier
+
+__all__ = ["ACCEPT_SALT", "LabVerifier", "draw_without", "filter_logits", "leading_accepted", "per_position", "uniform"]
+
+# the accept test's seed is seed ^ ACCEPT_SALT (seeds are < 2^63: it stays non-negative and never equals a
+# draw's seed); the engine uses the same salt, so your accept decisions are the engine's
+ACCEPT_SALT = 1 << 62
+
+
+def per_position(info: SamplingInfo, k1: int) -> SamplingInfo:
+    """``B * k1`` rows: row ``r * k1 + j`` has row ``r``'s parameters and step ``info.steps[r] + j``."""
+    # BEGIN SOLUTION hint="repeat_interleave each per-row tensor k1 times; steps[r] + j for j in range(k1)"
+    offsets = torch.arange(k1, device=info.steps.device)
+    return SamplingInfo(
+        temperatures=info.temperatures.repeat_interleave(k1),
+        top_k=info.top_k.repeat_interleave(k1),
+        top_p=info.top_p.repeat_interleave(k1),
+        seeds=info.seeds.repeat_interleave(k1),
+        steps=(info.steps[:, None] + offsets[None, :]).reshape(-1),
+        all_greedy=info.all_greedy,
+        need_top_k=info.need_top_k,
+        need_top_p=info.need_top_p,
+    )
+    # END SOLUTION
+
+
+def leading_accepted(accept: torch.Tensor) -> torch.Tensor:
+    """``[B, K]`` bool -> ``[B]`` int64: the length of each row's leading run of True."""
+    # BEGIN SOLUTION hint="a running product of the row (cumprod over int64) stays 1 until the first False"
+    return torch.cumprod(accept.long(), dim=1).sum(dim=1)
+    # END SOLUTION
+
+
+def draw_without(probs: torch.Tensor, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The first ``i`` with ``cdf[i] >= u * cdf[-1]``, ``cdf`` the cumulative sum of ``probs`` with
+    column ``x`` zeroed (per row); clamped to ``V - 1``; int64."""
+    # BEGIN SOLUTION hint="zero column x of each row (scatter), cumsum, searchsorted u * the row's total"
+    residual = probs.scatter(1, x[:, None], 0.0)
+    cdf = residual.cumsum(dim=1)
+    target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target).squeeze(1).clamp(max=probs.shape[1] - 1).long()
+    # END SOLUTION
+
+
+class LabVerifier(Verifier):
+    """The rule of ``Verifier`` (``minisgl/speculative/base.py``) for a batch; see the module docstring."""
+
+    def verify(self, logits: torch.Tensor, drafts: torch.Tensor, info: SamplingInfo, sampler: Sampler) -> Verdict:
+        # BEGIN SOLUTION hint="plain draws; which drafts pass; their leading run; the correction or bonus"
+        b, k1, vocab = logits.shape
+        k = k1 - 1
+        flat = per_position(info, k1)
+        plain = sampler.sample(logits.reshape(b * k1, vocab), flat).view(b, k1)
+        real = drafts >= 0  # -1 pads a row with fewer drafts: never accepted
+        x = torch.where(real, drafts, torch.zeros_like(drafts))
+        passes = drafts == plain[:, :k]
+        tokens = plain.clone()  # the bonus, and a greedy row's correction, is the plain draw
+        if not info.all_greedy:
+            is_greedy = (info.temperatures == 0)[:, None]
+            probs = filter_logits(logits.reshape(b * k1, vocab).float(), flat).softmax(dim=-1)
+            probs = probs.view(b, k1, vocab)[:, :k]
+            seeds, steps = flat.seeds.view(b, k1)[:, :k], flat.steps.view(b, k1)[:, :k]
+            p_x = probs.gather(2, x[:, :, None])[:, :, 0]
+            lucky = uniform(seeds ^ ACCEPT_SALT, steps) < p_x.double()
+            passes = torch.where(is_greedy, passes, lucky)
+            u = uniform(seeds, steps).reshape(-1)
+            fixed = draw_without(probs.reshape(b * k, vocab), x.reshape(-1), u).view(b, k)
+            tokens[:, :k] = torch.where(is_greedy | ~real, plain[:, :k], fixed)
+        accepted = leading_accepted(real & passes)
+        kept = torch.arange(k, device=drafts.device)[None, :] < accepted[:, None]
+        tokens[:, :k] = torch.where(kept, drafts, tokens[:, :k])
+        return Verdict(tokens, accepted)
+        # END SOLUTION
+
+    def rollback(self, n: int, drafted: int, accepted: int) -> Rollback:
+        # BEGIN SOLUTION hint="check n >= 1 and 0 <= accepted <= drafted, each alone; then the counters"
+        if n < 1:
+            raise ValueError(f"n = {n}: a request has at least one token before a step")
+        if accepted < 0:
+            raise ValueError(f"accepted = {accepted}: a count of drafts is never negative")
+        if accepted > drafted:
+            raise ValueError(f"accepted = {accepted} > drafted = {drafted}")
+        return Rollback(n + accepted, n + accepted + 1)
+        # END SOLUTION

@@ -4,11 +4,13 @@ prompt of ``single_stream.py``, with the acceptance measured in the same runs.
 
     python -m minisgl.benchmark.speculative --tokens 128 --repeats 5
 
-Both engines (plain and speculative) live in this process and take turns, one run each per round, after a
-warm-up round: a shared machine's drift hits both alike. Decode speed excludes the prefill and the first
-token, as in ``single_stream.py``: ``n - 1`` tokens over the time of an ``n``-token run less a 1-token run.
-Greedy, EOS ignored. Each rate is given per wall second and per CPU second of the process (all threads):
-on a shared machine the second is the less noisy. Also reported: whether the two engines' tokens agree
+The engines (plain, n-gram with its default back-off, and n-gram drafting at every step: back-off off,
+``--speculative-backoff 0``) live in this process and take turns, one run each per round, after a warm-up
+round: a shared machine's drift hits them alike. ``--no-backoff-ab`` leaves the third out. Decode speed
+excludes the prefill and the first token, as in ``single_stream.py``: ``n - 1`` tokens over the time of an
+``n``-token run less a 1-token run. Greedy, EOS ignored. Each rate is given per wall second and per CPU
+second of the process (all threads): on a shared machine the second is the less noisy. Also reported:
+whether a speculative engine's tokens and the plain one's agree
 (exact in float32; in bfloat16 a verify pass may round differently from a decode step, so a near-tie can
 split them).
 """
@@ -46,11 +48,12 @@ EDIT_PROMPT = (
 WORKLOADS = {"code-edit": EDIT_PROMPT, "chat": CHAT_PROMPT}
 
 
-def runner(dtype: str, tokens: int, spec: str | None, k: int):
+def runner(dtype: str, tokens: int, spec: str | None, k: int, backoff: int = 64):
     from minisgl import LLM, SamplingParams
     from minisgl.tokenizer import apply_chat_template
 
-    llm = LLM(None, dtype=dtype, speculative_algorithm=spec, speculative_num_draft_tokens=k)
+    kw = dict(speculative_algorithm=spec, speculative_num_draft_tokens=k, speculative_backoff=backoff)
+    llm = LLM(None, dtype=dtype, **kw)
     ids = {
         name: apply_chat_template(llm.tokenizer, [{"role": "user", "content": text}])
         for name, text in WORKLOADS.items()
@@ -83,6 +86,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=4, help="--speculative-num-draft-tokens")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--no-backoff-ab", action="store_true", help="leave out the n-gram engine without back-off")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -90,8 +94,11 @@ def main() -> None:
         "plain": runner(args.dtype, args.tokens, None, args.k),
         "ngram": runner(args.dtype, args.tokens, "NGRAM", args.k),
     }
+    if not args.no_backoff_ab:
+        engines["ngram-no-backoff"] = runner(args.dtype, args.tokens, "NGRAM", args.k, backoff=0)
+    spec_engines = [e for e in engines if e != "plain"]
     rates = {(w, e): [] for w in WORKLOADS for e in engines}  # (wall, cpu) tokens/s per run
-    counts = {w: [0, 0, 0] for w in WORKLOADS}
+    counts = {(w, e): [0, 0, 0] for w in WORKLOADS for e in spec_engines}
     tokens: dict = {}
     for r in range(args.repeats + 1):  # round 0 warms up
         for w in WORKLOADS:
@@ -100,27 +107,28 @@ def main() -> None:
                 tokens[(w, e)] = toks
                 if r > 0:
                     rates[(w, e)].append((wall, cpu))
-                    if e == "ngram":
-                        counts[w] = [c + d for c, d in zip(counts[w], delta)]
+                    if e != "plain":
+                        counts[(w, e)] = [c + d for c, d in zip(counts[(w, e)], delta)]
     rows = []
     med = lambda w, e, i: statistics.median(x[i] for x in rates[(w, e)])
     for w in WORKLOADS:
-        n_rows, drafts, acc = counts[w]
-        same = sum(a == b for a, b in zip(tokens[(w, "plain")], tokens[(w, "ngram")]))
-        row = dict(workload=w)
-        for i, clock in enumerate(("wall", "cpu")):
-            plain, ngram = med(w, "plain", i), med(w, "ngram", i)
-            row.update({f"plain_{clock}_tok_s": round(plain, 2), f"ngram_{clock}_tok_s": round(ngram, 2)})
-            row[f"{clock}_speedup"] = round(ngram / plain, 2)
-        row.update(
-            accept_rate=round(acc / drafts, 3) if drafts else 0.0,
-            accept_length=round((acc + n_rows) / n_rows, 2) if n_rows else 0.0,
-            verify_steps_per_run=round(n_rows / args.repeats, 1),
-            tokens_agree=f"{same}/{len(tokens[(w, 'plain')])}",
-            runs={e: [(round(a, 2), round(b, 2)) for a, b in rates[(w, e)]] for e in engines},
-        )
-        rows.append(row)
-        print(json.dumps(row))
+        for e in spec_engines:
+            n_rows, drafts, acc = counts[(w, e)]
+            same = sum(a == b for a, b in zip(tokens[(w, "plain")], tokens[(w, e)]))
+            row = dict(workload=w, engine=e)
+            for i, clock in enumerate(("wall", "cpu")):
+                plain, spec = med(w, "plain", i), med(w, e, i)
+                row.update({f"plain_{clock}_tok_s": round(plain, 2), f"spec_{clock}_tok_s": round(spec, 2)})
+                row[f"{clock}_speedup"] = round(spec / plain, 2)
+            row.update(
+                accept_rate=round(acc / drafts, 3) if drafts else 0.0,
+                accept_length=round((acc + n_rows) / n_rows, 2) if n_rows else 0.0,
+                verify_steps_per_run=round(n_rows / args.repeats, 1),
+                tokens_agree=f"{same}/{len(tokens[(w, 'plain')])}",
+                runs={x: [(round(a, 2), round(b, 2)) for a, b in rates[(w, x)]] for x in ("plain", e)},
+            )
+            rows.append(row)
+            print(json.dumps(row))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "tokens": args.tokens, "k": args.k, "rows": rows}, f, indent=1)

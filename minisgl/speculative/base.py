@@ -37,11 +37,22 @@ class Drafter(ABC):
     this step. It must be deterministic in the request's tokens (tensor-parallel ranks each ask their
     own drafter and must propose the same tokens) and cheap: it runs on the host for every decoding
     request at every step. A drafter is a point mass: it gives tokens, not a distribution, and the
-    verifier's rule relies on that. (A drafter with state per request, such as a draft model's own
-    KV, would need a hook when a request ends: none exists yet.)"""
+    verifier's rule relies on that.
+
+    A drafter may keep state per request (a draft model's own KV cache); ``release`` says when to drop
+    it. The request's tokens are the truth: between two ``propose`` calls for a request any of the
+    drafts proposed may have been rejected (its tokens differ from the drafts from the first rejected
+    one on), so such state must be checked against ``req.all_token_ids()``, never assumed from the
+    last proposal."""
 
     @abstractmethod
     def propose(self, req: Req, k: int) -> list[int]: ...
+
+    def release(self, req: Req) -> None:  # noqa: B027 (an optional hook)
+        """``req`` left the running requests: it finished, was aborted, or was retracted (a retracted
+        request comes back later with its outputs kept, and ``propose`` must then work for it from
+        scratch). Drop whatever is kept for it. Called each time it leaves, never during a ``propose``;
+        a call for a request with no state must do nothing. The default keeps no state."""
 
 
 class Verdict(NamedTuple):

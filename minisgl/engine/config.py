@@ -144,11 +144,15 @@ class EngineConfig:
     speculative_algorithm: str | None = option(
         None,
         "speculative decoding: NGRAM (prompt lookup: drafts copied from the prompt and the text so far, verified "
-        "in one pass; pays on repetitive and code-like output), or none (default); any name registered in "
+        "in one pass; pays on repetitive and code-like output), STANDALONE (a smaller draft model with the same "
+        "vocabulary: --speculative-draft-model-path), or none (default); any name registered in "
         "minisgl.speculative.DRAFTERS",
         parse=lambda t: None if t.strip().lower() in ("", "none") else t.strip(),
     )
     speculative_num_draft_tokens: int = option(4, "draft tokens per request per step, at most (speculative decoding)")
+    speculative_draft_model_path: str | None = option(
+        None, "the draft model's folder (speculative decoding with STANDALONE): same vocabulary as the model"
+    )
     speculative_backoff: int = option(
         64,
         "speculative decoding: after a verify step that accepted none of a request's drafts, the request does "

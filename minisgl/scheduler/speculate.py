@@ -89,15 +89,13 @@ def leading_matches(drafts: list[int], tokens: list[int]) -> int:
 
 
 class SpecManager:
-    def __init__(
-        self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager, backoff: int = 0
-    ):
+    def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager, config):
         name = algorithm if ":" in algorithm else algorithm.lower()  # NGRAM is SGLang's spelling; a path keeps its case
-        self.algorithm, self.drafter = algorithm, DRAFTERS.get(name)()
+        self.algorithm, self.drafter = algorithm, DRAFTERS.get(name).build(config, engine)
         self.verifier = VERIFIERS.get(verifier)()
         self.k, self.engine, self.table, self.decode = num_draft_tokens, engine, engine.table, decode
         self.stats = SpecStats()
-        self.backoff = Backoff(backoff)
+        self.backoff = Backoff(config.speculative_backoff)
         self._drafts: dict[Req, list[int]] = {}  # this step's drafts (already counted in device_len)
         # requests in a verify batch not yet seen again by plan -> (their output count then, their drafts)
         self._verifying: dict[Req, tuple[int, list[int]]] = {}
@@ -109,7 +107,7 @@ class SpecManager:
         algo, k = config.speculative_algorithm, config.speculative_num_draft_tokens
         if not algo:
             return None
-        return cls(algo, k, config.components.verifier, engine, decode, config.speculative_backoff)
+        return cls(algo, k, config.components.verifier, engine, decode, config)
 
     def release(self, req: Req) -> None:
         """``req`` left the running requests (``DecodeManager.on_remove``): forget it everywhere."""

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import torch
 
     from minisgl.core import Req
+    from minisgl.engine.config import EngineConfig
+    from minisgl.engine.engine import Engine
     from minisgl.engine.sample import Sampler, SamplingInfo
 
 
@@ -47,6 +49,13 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, req: Req, k: int) -> list[int]: ...
+
+    @classmethod
+    def build(cls, config: EngineConfig, engine: Engine) -> Drafter:
+        """The drafter for ``engine`` (the scheduler calls this once, with the engine's config). The
+        default is ``cls()``; a drafter that needs the engine (a draft model: its path, device, dtype)
+        overrides it."""
+        return cls()
 
     def release(self, req: Req) -> None:  # noqa: B027 (an optional hook)
         """``req`` left the running requests: it finished, was aborted, or was retracted (a retracted
@@ -92,7 +101,14 @@ class Verifier(ABC):
     def verify(self, logits: torch.Tensor, drafts: torch.Tensor, info: SamplingInfo, sampler: Sampler) -> Verdict: ...
 
 
-# name -> a Drafter class, built with no arguments ("ngram": prompt lookup, ngram.py)
-DRAFTERS: Registry[type[Drafter]] = Registry("drafter", {"ngram": "minisgl.speculative.ngram:NgramDrafter"})
+# name -> a Drafter class, built by ``Drafter.build`` ("ngram": prompt lookup, ngram.py; "standalone": a draft
+# model, draft_model.py)
+DRAFTERS: Registry[type[Drafter]] = Registry(
+    "drafter",
+    {
+        "ngram": "minisgl.speculative.ngram:NgramDrafter",
+        "standalone": "minisgl.speculative.draft_model:DraftModelDrafter",
+    },
+)
 # name -> a Verifier class, built with no arguments (``Components.verifier``)
 VERIFIERS: Registry[type[Verifier]] = Registry("verifier", {"default": "minisgl.speculative.verify:DefaultVerifier"})

@@ -6,7 +6,10 @@ prompt of ``single_stream.py``, with the acceptance measured in the same runs.
 
 The engines (plain, n-gram with its default back-off, and n-gram drafting at every step: back-off off,
 ``--speculative-backoff 0``) live in this process and take turns, one run each per round, after a warm-up
-round: a shared machine's drift hits them alike. ``--no-backoff-ab`` leaves the third out. Decode speed
+round: a shared machine's drift hits them alike. ``--no-backoff-ab`` leaves the third out. ``--draft-layers L
+...`` adds draft-model engines (``STANDALONE``): the embedded model's first ``L`` layers (with its final norm and
+LM head) drafting for it, ``0`` the whole model drafting for itself (every greedy draft accepted, up to bf16
+rounding: the acceptance's upper bound at a draft model's full cost). Decode speed
 excludes the prefill and the first token, as in ``single_stream.py``: ``n - 1`` tokens over the time of an
 ``n``-token run less a 1-token run. Greedy, EOS ignored. Each rate is given per wall second and per CPU
 second of the process (all threads): on a shared machine the second is the less noisy. Also reported:
@@ -48,12 +51,21 @@ EDIT_PROMPT = (
 WORKLOADS = {"code-edit": EDIT_PROMPT, "chat": CHAT_PROMPT}
 
 
-def runner(dtype: str, tokens: int, spec: str | None, k: int, backoff: int = 64):
+def runner(dtype: str, tokens: int, spec: str | None, k: int, backoff: int = 64, draft_layers: int | None = None):
     from minisgl import LLM, SamplingParams
+    from minisgl.models.embedded import embedded_model_path
+    from minisgl.speculative import DRAFTERS
+    from minisgl.speculative.draft_model import DraftModelDrafter
     from minisgl.tokenizer import apply_chat_template
 
     kw = dict(speculative_algorithm=spec, speculative_num_draft_tokens=k, speculative_backoff=backoff)
-    llm = LLM(None, dtype=dtype, **kw)
+    if draft_layers is None:
+        llm = LLM(None, dtype=dtype, **kw)
+    else:  # the embedded model's first draft_layers layers (0: all) draft for it
+        cls = type("FirstLayers", (DraftModelDrafter,), {"num_layers": draft_layers or None})
+        with DRAFTERS.registered("bench-first-layers", cls) as name:
+            kw.update(speculative_algorithm=name, speculative_draft_model_path=str(embedded_model_path()))
+            llm = LLM(None, dtype=dtype, **kw)
     ids = {
         name: apply_chat_template(llm.tokenizer, [{"role": "user", "content": text}])
         for name, text in WORKLOADS.items()
@@ -87,15 +99,18 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="--speculative-num-draft-tokens")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-backoff-ab", action="store_true", help="leave out the n-gram engine without back-off")
+    ap.add_argument("--no-ngram", action="store_true", help="leave out the n-gram engines")
+    ap.add_argument("--draft-layers", type=int, nargs="*", default=[], help="draft-model engines (0: all layers)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    engines = {
-        "plain": runner(args.dtype, args.tokens, None, args.k),
-        "ngram": runner(args.dtype, args.tokens, "NGRAM", args.k),
-    }
-    if not args.no_backoff_ab:
+    engines = {"plain": runner(args.dtype, args.tokens, None, args.k)}
+    if not args.no_ngram:
+        engines["ngram"] = runner(args.dtype, args.tokens, "NGRAM", args.k)
+    if not (args.no_backoff_ab or args.no_ngram):
         engines["ngram-no-backoff"] = runner(args.dtype, args.tokens, "NGRAM", args.k, backoff=0)
+    for n in args.draft_layers:
+        engines[f"draft-{n or 'all'}-layers"] = runner(args.dtype, args.tokens, "STANDALONE", args.k, draft_layers=n)
     spec_engines = [e for e in engines if e != "plain"]
     rates = {(w, e): [] for w in WORKLOADS for e in engines}  # (wall, cpu) tokens/s per run
     counts = {(w, e): [0, 0, 0] for w in WORKLOADS for e in spec_engines}

@@ -67,8 +67,10 @@ def test_target_as_its_own_draft_accepts_everything(model, tiny_llama, tiny_qwen
     assert not llm.scheduler.spec.drafter.state, "draft KV left behind"
 
 
-def test_other_draft_model_gives_the_plain_tokens(tiny_llama, other_llama, plain):
-    llm = spec_llm(tiny_llama, other_llama, speculative_backoff=0)  # drafts at every step
+@pytest.mark.parametrize("path", ["plain-loop", "overlap-page4-chunk8"])
+def test_other_draft_model_gives_the_plain_tokens(path, tiny_llama, other_llama, plain):
+    kw = dict(page_size=4, components={"loop": "overlap"}, max_prefill_length=8) if path != "plain-loop" else {}
+    llm = spec_llm(tiny_llama, other_llama, speculative_backoff=0, **kw)  # drafts at every step
     assert run(llm) == plain[tiny_llama]
     st = llm.scheduler.spec.stats
     assert st.draft_tokens > 0 and st.accepted_tokens < st.draft_tokens, f"another model should miss: {st}"

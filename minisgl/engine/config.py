@@ -144,11 +144,21 @@ class EngineConfig:
     speculative_algorithm: str | None = option(
         None,
         "speculative decoding: NGRAM (prompt lookup: drafts copied from the prompt and the text so far, verified "
-        "in one pass; pays on repetitive and code-like output), or none (default); any name registered in "
+        "in one pass; pays on repetitive and code-like output), STANDALONE (a smaller draft model with the same "
+        "vocabulary: --speculative-draft-model-path), or none (default); any name registered in "
         "minisgl.speculative.DRAFTERS",
         parse=lambda t: None if t.strip().lower() in ("", "none") else t.strip(),
     )
     speculative_num_draft_tokens: int = option(4, "draft tokens per request per step, at most (speculative decoding)")
+    speculative_draft_model_path: str | None = option(
+        None, "the draft model's folder (speculative decoding with STANDALONE): same vocabulary as the model"
+    )
+    speculative_backoff: int = option(
+        64,
+        "speculative decoding: after a verify step that accepted none of a request's drafts, the request does "
+        "not draft for 2 decode steps, doubling with each such step in a row (an accepted draft resets it), at "
+        "most this many; 0: it drafts at every step",
+    )
     cuda_graph_max_bs: int | None = option(None, "largest CUDA-graph batch (default: from memory; 0 = off)")
     dummy_weight: bool = option(False, "random weights (benchmarks without a checkpoint)")
     max_seq_len: int | None = option(
@@ -198,6 +208,8 @@ class EngineConfig:
         # (an unknown speculative_algorithm is refused where the scheduler looks it up: DRAFTERS is a layer above)
         if self.speculative_num_draft_tokens < 1:
             raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}")
+        if self.speculative_backoff < 0:
+            raise ValueError(f"speculative_backoff must be >= 0 (0: off), got {self.speculative_backoff}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if not (0.0 < self.memory_ratio <= 1.0):

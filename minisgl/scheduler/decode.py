@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from minisgl.core import Req
 
 
@@ -10,6 +12,9 @@ class DecodeManager:
         self.running: dict[Req, None] = {}  # insertion-ordered set
         # of those, requests whose verify pass (speculate.py) is not processed: their counters are provisional
         self.held: set[Req] = set()
+        # called with every request removed (finished, aborted or retracted): per-request state kept
+        # elsewhere (speculative decoding's, speculate.py) is dropped there
+        self.on_remove: list[Callable[[Req], None]] = []
 
     def add(self, req: Req) -> None:
         self.running[req] = None
@@ -17,6 +22,8 @@ class DecodeManager:
     def remove(self, req: Req) -> None:
         self.running.pop(req, None)
         self.held.discard(req)
+        for fn in self.on_remove:
+            fn(req)
 
     def schedule(self) -> list[Req]:
         return [r for r in self.running if r.can_decode and r not in self.held]

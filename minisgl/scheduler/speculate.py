@@ -20,12 +20,13 @@ only). ``k <= max_device_len - n - 1`` keeps every KV write inside the request's
 
 Which requests draft: a speculative request (``SamplingParams.speculative``, the default) without a
 grammar or logprobs (their masks and scores are per sampled token: not done for verify rows), and only
-in a batch where no request has those (that batch decodes plainly). Its drafts need its tokens on the
-host: under the overlap loop a speculative request whose last pass is still in flight waits one step
-(it then runs as under the plain loop). A verify batch runs as a decode batch with one row per position
-(``decode_rows``): a CUDA graph on a GPU where one of that many rows was captured, the C++ decode layer on
-a CPU where its rows fit (``small_linear.max_rows``). A decode step in which no request found a draft is a
-plain decode batch.
+in a batch where no request has those (that batch decodes plainly), unless it is backing off after
+verify steps that accepted nothing (``spec_backoff.py``: it decodes plainly for a while). Its drafts
+need its tokens on the host: under the overlap loop a speculative request whose last pass is still in
+flight waits one step (it then runs as under the plain loop). A verify batch runs as a decode batch with
+one row per position (``decode_rows``): a CUDA graph on a GPU where one of that many rows was captured,
+the C++ decode layer on a CPU where its rows fit (``small_linear.max_rows``). A decode step in which no
+request found a draft is a plain decode batch.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from minisgl.attention.context import forward_context
 from minisgl.core import Batch, Req
 from minisgl.scheduler.admission import Extend
 from minisgl.scheduler.decode import DecodeManager
+from minisgl.scheduler.spec_backoff import Backoff
 from minisgl.speculative.base import DRAFTERS, VERIFIERS
 
 
@@ -97,20 +99,40 @@ def decode_rows(batch: Batch) -> Batch:
     return rows
 
 
+def leading_matches(drafts: list[int], tokens: list[int]) -> int:
+    """How many leading ``drafts`` equal ``tokens`` (the outputs from the drafts' first position on)."""
+    n = 0
+    while n < min(len(drafts), len(tokens)) and drafts[n] == tokens[n]:
+        n += 1
+    return n
+
+
 class SpecManager:
-    def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager):
+    def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager, config):
         name = algorithm if ":" in algorithm else algorithm.lower()  # NGRAM is SGLang's spelling; a path keeps its case
-        self.algorithm, self.drafter = algorithm, DRAFTERS.get(name)()
+        self.algorithm, self.drafter = algorithm, DRAFTERS.get(name).build(config, engine)
         self.verifier = VERIFIERS.get(verifier)()
         self.k, self.engine, self.table, self.decode = num_draft_tokens, engine, engine.table, decode
         self.stats = SpecStats()
+        self.backoff = Backoff(config.speculative_backoff)
         self._drafts: dict[Req, list[int]] = {}  # this step's drafts (already counted in device_len)
+        # requests in a verify batch not yet seen again by plan -> (their output count then, their drafts)
+        self._verifying: dict[Req, tuple[int, list[int]]] = {}
+        decode.on_remove.append(self.release)  # finished, aborted, retracted: no per-request state outlives it
 
     @classmethod
     def create(cls, config, engine, decode: DecodeManager) -> SpecManager | None:
         """The manager ``config`` asks for (``speculative_algorithm``), or None without speculation."""
         algo, k = config.speculative_algorithm, config.speculative_num_draft_tokens
-        return cls(algo, k, config.components.verifier, engine, decode) if algo else None
+        if not algo:
+            return None
+        return cls(algo, k, config.components.verifier, engine, decode, config)
+
+    def release(self, req: Req) -> None:
+        """``req`` left the running requests (``DecodeManager.on_remove``): forget it everywhere."""
+        self._verifying.pop(req, None)
+        self.backoff.release(req)
+        self.drafter.release(req)
 
     @staticmethod
     def plain_only(req: Req) -> bool:
@@ -121,16 +143,25 @@ class SpecManager:
         """Before a decode batch: draft for ``decodable``, dropping from it (in place) the speculative
         requests whose tokens are not all on the host yet; the drafts count in their ``device_len``."""
         self._drafts = {}
+        for req in decodable:  # a decodable request is not held: its last verify step was processed
+            if (last := self._verifying.pop(req, None)) is not None:
+                # a rejected draft's position holds another token (greedy: the argmax; sampled: a draw
+                # with the draft excluded), so the matching leading drafts are exactly the accepted ones
+                m, drafts = last
+                self.backoff.observe(req, leading_matches(drafts, req.output_ids[m:]))
         if any(self.plain_only(r) for r in decodable):
             return  # this batch decodes plainly
-        spec = lambda r: r.sampling.speculative
-        decodable[:] = [r for r in decodable if not spec(r) or r.prompt_len + len(r.output_ids) == r.device_len]
+        keep = []
         for req in decodable:
-            k = min(self.k, req.max_device_len - req.device_len - 1) if spec(req) else 0
-            drafts = self.drafter.propose(req, k)[:k] if k > 0 else []
-            if drafts:
-                self._drafts[req] = drafts
-                req.device_len += len(drafts)
+            if not req.sampling.speculative or not self.backoff.should_draft(req):
+                keep.append(req)  # decodes plainly this step (its tokens need not be on the host)
+            elif req.prompt_len + len(req.output_ids) == req.device_len:  # else: waits a step for them
+                keep.append(req)
+                k = min(self.k, req.max_device_len - req.device_len - 1)
+                if k > 0 and (drafts := self.drafter.propose(req, k)[:k]):
+                    self._drafts[req] = drafts
+                    req.device_len += len(drafts)
+        decodable[:] = keep
 
     def batch(self, reqs: list[Req]) -> Batch | None:
         """The verify batch of what ``plan`` left (after retractions), or None if nobody drafted."""
@@ -141,6 +172,7 @@ class SpecManager:
         for req, d in zip(reqs, drafts):
             if d:  # the drafts enter the token pool: the pass reads its inputs from there
                 self.decode.held.add(req)  # its counters are provisional until processed: no batch plans it
+                self._verifying[req] = (len(req.output_ids), d)
                 n = req.device_len - len(d)
                 self.table.token_pool[req.table_idx, n : n + len(d)] = torch.tensor(d, dtype=torch.int32)
         extends = [Extend(r, r.device_len - 1 - len(d), r.device_len) for r, d in zip(reqs, drafts)]

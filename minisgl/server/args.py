@@ -193,7 +193,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         from minisgl.speculative import DRAFTERS
 
         if algo.lower() not in DRAFTERS:
-            ap.error(f"--speculative-algorithm: {algo!r} is not one of NGRAM, none (or a registered drafter)")
+            ap.error(f"--speculative-algorithm: {algo!r} is not NGRAM, STANDALONE, none or a registered drafter")
+        if algo.lower() == "standalone" and not engine.get("speculative_draft_model_path"):
+            ap.error("--speculative-algorithm STANDALONE needs --speculative-draft-model-path")
     try:
         EngineConfig.from_kwargs(**engine)  # check now: a bad flag is a usage error, not a crash later
     except (ValueError, TypeError) as e:

@@ -2,8 +2,9 @@
 cache checks them all, and the scheduler rolls the rejected ones back.
 
 ``base.py`` is the seam (``Drafter``, ``Verifier`` and their registries), ``ngram.py`` the prompt-lookup
-drafter, ``verify.py`` the engine's verifier; the scheduler's side (which requests draft, the verify
-batch, the rollback) is ``minisgl/scheduler/speculate.py``.
+drafter, ``draft_model.py`` the draft-model drafter (``STANDALONE``), ``verify.py`` the engine's verifier;
+the scheduler's side (which requests draft, the verify batch, the rollback) is
+``minisgl/scheduler/speculate.py``, and its back-off ``minisgl/scheduler/spec_backoff.py``.
 """
 
 from minisgl.speculative.base import DRAFTERS, VERIFIERS, Drafter, Rollback, Verdict, Verifier

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import torch
 
     from minisgl.core import Req
+    from minisgl.engine.config import EngineConfig
+    from minisgl.engine.engine import Engine
     from minisgl.engine.sample import Sampler, SamplingInfo
 
 
@@ -37,11 +39,29 @@ class Drafter(ABC):
     this step. It must be deterministic in the request's tokens (tensor-parallel ranks each ask their
     own drafter and must propose the same tokens) and cheap: it runs on the host for every decoding
     request at every step. A drafter is a point mass: it gives tokens, not a distribution, and the
-    verifier's rule relies on that. (A drafter with state per request, such as a draft model's own
-    KV, would need a hook when a request ends: none exists yet.)"""
+    verifier's rule relies on that.
+
+    A drafter may keep state per request (a draft model's own KV cache); ``release`` says when to drop
+    it. The request's tokens are the truth: between two ``propose`` calls for a request any of the
+    drafts proposed may have been rejected (its tokens differ from the drafts from the first rejected
+    one on), so such state must be checked against ``req.all_token_ids()``, never assumed from the
+    last proposal."""
 
     @abstractmethod
     def propose(self, req: Req, k: int) -> list[int]: ...
+
+    @classmethod
+    def build(cls, config: EngineConfig, engine: Engine) -> Drafter:
+        """The drafter for ``engine`` (the scheduler calls this once, with the engine's config). The
+        default is ``cls()``; a drafter that needs the engine (a draft model: its path, device, dtype)
+        overrides it."""
+        return cls()
+
+    def release(self, req: Req) -> None:  # noqa: B027 (an optional hook)
+        """``req`` left the running requests: it finished, was aborted, or was retracted (a retracted
+        request comes back later with its outputs kept, and ``propose`` must then work for it from
+        scratch). Drop whatever is kept for it. Called each time it leaves, never during a ``propose``;
+        a call for a request with no state must do nothing. The default keeps no state."""
 
 
 class Verdict(NamedTuple):
@@ -98,7 +118,14 @@ class Verifier(ABC):
     def rollback(self, n: int, drafted: int, accepted: int) -> Rollback: ...
 
 
-# name -> a Drafter class, built with no arguments ("ngram": prompt lookup, ngram.py)
-DRAFTERS: Registry[type[Drafter]] = Registry("drafter", {"ngram": "minisgl.speculative.ngram:NgramDrafter"})
+# name -> a Drafter class, built by ``Drafter.build`` ("ngram": prompt lookup, ngram.py; "standalone": a draft
+# model, draft_model.py)
+DRAFTERS: Registry[type[Drafter]] = Registry(
+    "drafter",
+    {
+        "ngram": "minisgl.speculative.ngram:NgramDrafter",
+        "standalone": "minisgl.speculative.draft_model:DraftModelDrafter",
+    },
+)
 # name -> a Verifier class, built with no arguments (``Components.verifier``)
 VERIFIERS: Registry[type[Verifier]] = Registry("verifier", {"default": "minisgl.speculative.verify:DefaultVerifier"})

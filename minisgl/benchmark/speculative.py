@@ -17,8 +17,8 @@ excludes the prefill and the first token, as in ``single_stream.py``: ``n - 1`` 
 ``n``-token run less a 1-token run. Greedy, EOS ignored. Each rate is given per wall second and per CPU
 second of the process (all threads): on a shared machine the second is the less noisy. Also reported:
 whether a speculative engine's tokens and the plain one's agree
-(exact in float32; in bfloat16 a verify pass may round differently from a decode step, so a near-tie can
-split them).
+(n-gram: exact in float32 and bfloat16, since the CPU's verify rows are decode steps' arithmetic; a draft
+model's dense attention may round a bf16 near-tie differently from the paged one).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ random network emits, so the acceptance rate is a property of this workload and 
 a real model's text: the rows measure what a verify pass costs and gives at a given acceptance. Greedy,
 EOS ignored. Plain and speculative engines live in this process and take turns (one timed run each per
 round, after a warm-up round); each row is the median of the rounds. ``tokens_agree`` compares the two
-engines' greedy outputs (exact in float32; in bf16 a verify batch's graph has another size than the plain step's and may round
-a near-tie differently).
+engines' greedy outputs (exact in float32; in bf16 a verify batch's graph has another size than the plain
+step's and may round a near-tie differently).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ A step, for a request ``r`` whose tokens ``[0, n)`` are all on the host (``devic
     plan     drafts d0..d(k-1) = drafter.propose(r, k);  device_len = n + k   (drafts count as tokens)
     batch    extend [n - 1, n + k): the drafts go into the token pool, KV pages for them are allocated,
              prepare() advances the counters as for any pass: cached_len = n + k, device_len = n + k + 1
-    launch   logits at all k + 1 positions, verifier -> a accepted drafts + 1 token; that token goes into
-             the token pool at n + a (accepted drafts are already there)
+    launch   the k + 1 positions run as decode rows (``decode_rows``), logits at all of them; verifier ->
+             a accepted drafts + 1 token; that token goes into the token pool at n + a (accepted drafts are
+             already there)
     process  rollback (Verifier.rollback): cached_len = n + a, device_len = n + a + 1; append the a + 1
              tokens one by one, stopping exactly where a plain decode would (EOS, stop ids, max_tokens, an abort)
 

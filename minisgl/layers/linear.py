@@ -55,10 +55,11 @@ def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-# FP8 GEMM on Hopper, by the number of rows (benchmark/fp8_linear.py, one H200): up to this many, cuBLASLt
-# with unit scales and a rescaling pass (1.0-1.7x bf16 on Qwen3-14B's layers at 1-256 rows, where the
-# rowwise-scaled kernel is 0.7-1.2x); above it, _scaled_mm with the per-row and per-column scales (CUTLASS:
-# 1.25-1.67x at 1,024-8,192 rows against 1.0-1.4x, since the float32 product's extra pass costs more there)
+# FP8 GEMM on Hopper, by the number of rows (benchmark/fp8_linear.py, one H200, Qwen3-14B's layers): up to
+# this many, cuBLASLt with unit scales and a rescaling pass (1.07-1.72x bf16 at 1-64 rows, where the
+# rowwise-scaled kernel is 0.70-1.28x; at 128-256 the two are close); above it, _scaled_mm with the per-row
+# and per-column scales (CUTLASS: 1.08-1.67x at 1,024-8,192 rows against 1.01-1.41x: the float32 product's
+# extra pass costs more there)
 CUBLASLT_UP_TO = 256
 
 

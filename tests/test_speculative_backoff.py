@@ -131,7 +131,7 @@ def test_drafter_that_becomes_right_is_asked_again(tiny_llama, refs):
             assert n2 == n + len(d) + 1, f"request {name}: accepted {d} at {n}, but was next asked at {n2}"
     a_first_ok = next(n for n, _ in by["A"] if n >= 12)
     assert a_first_ok in expected_calls(N_NEW, 64), "A should come back when its wait ended"
-    assert not sched.spec.backoff.state and not sched.spec._verifying, "per-request state left behind"
+    assert not sched.spec.backoff.state, "per-request state left behind"
     assert sorted(Scripted.released) == [0, 1, 2, 3], "release once per finished request"
 
 
@@ -145,14 +145,14 @@ def test_no_state_left_after_abort(tiny_llama, refs):
     while victim not in spec.backoff.state:
         sched.step()
     assert sched.abort(victim.uid)
-    assert victim not in spec.backoff.state and victim not in spec._verifying
+    assert victim not in spec.backoff.state
     assert Scripted.released == [victim.uid]
     while sched.has_work:
         sched.step()
     for r, p in zip(reqs[:3], ps):
         assert r.output_ids == refs[tuple(p)], f"request {r.uid}: tokens differ from plain decoding"
     assert victim.output_ids == refs[tuple(ps[3])][: len(victim.output_ids)]
-    assert not spec.backoff.state and not spec._verifying and not spec._drafts
+    assert not spec.backoff.state and not spec._drafts
     assert sorted(Scripted.released) == [0, 1, 2, 3]
 
 
@@ -166,4 +166,4 @@ def test_no_state_left_after_retraction(tiny_llama, refs):
     assert [o.token_ids for o in outs] == [refs[tuple(p)] for p in ps], "tokens differ from plain decoding"
     twice = [u for u in set(Scripted.released) if Scripted.released.count(u) > 1]
     assert twice, f"a retracted request is released when retracted and when finished: {Scripted.released}"
-    assert not spec.backoff.state and not spec._verifying and not spec._drafts
+    assert not spec.backoff.state and not spec._drafts

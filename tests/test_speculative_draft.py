@@ -139,7 +139,7 @@ def test_abort_retraction_and_batch_leave_no_state(tiny_llama, plain):
     for i, (r, ref) in enumerate(zip(reqs, refs)):
         want = ref if r is not victim else ref[: len(r.output_ids)]
         assert r.output_ids == want, f"request {i}: tokens differ from plain decoding"
-    assert not drafter.state and not sched.spec.backoff.state and not sched.spec._verifying
+    assert not drafter.state and not sched.spec.backoff.state
 
 
 def test_config_errors(tiny_llama, tmp_path_factory):

@@ -100,14 +100,6 @@ def decode_rows(batch: Batch) -> Batch:
     return rows
 
 
-def leading_matches(drafts: list[int], tokens: list[int]) -> int:
-    """How many leading ``drafts`` equal ``tokens`` (the outputs from the drafts' first position on)."""
-    n = 0
-    while n < min(len(drafts), len(tokens)) and drafts[n] == tokens[n]:
-        n += 1
-    return n
-
-
 class SpecManager:
     def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager, config):
         name = algorithm if ":" in algorithm else algorithm.lower()  # NGRAM is SGLang's spelling; a path keeps its case
@@ -117,8 +109,6 @@ class SpecManager:
         self.stats = SpecStats()
         self.backoff = Backoff(config.speculative_backoff)
         self._drafts: dict[Req, list[int]] = {}  # this step's drafts (already counted in device_len)
-        # requests in a verify batch not yet seen again by plan -> (their output count then, their drafts)
-        self._verifying: dict[Req, tuple[int, list[int]]] = {}
         decode.on_remove.append(self.release)  # finished, aborted, retracted: no per-request state outlives it
 
     @classmethod
@@ -131,7 +121,6 @@ class SpecManager:
 
     def release(self, req: Req) -> None:
         """``req`` left the running requests (``DecodeManager.on_remove``): forget it everywhere."""
-        self._verifying.pop(req, None)
         self.backoff.release(req)
         self.drafter.release(req)
 
@@ -144,12 +133,6 @@ class SpecManager:
         """Before a decode batch: draft for ``decodable``, dropping from it (in place) the speculative
         requests whose tokens are not all on the host yet; the drafts count in their ``device_len``."""
         self._drafts = {}
-        for req in decodable:  # a decodable request is not held: its last verify step was processed
-            if (last := self._verifying.pop(req, None)) is not None:
-                # a rejected draft's position holds another token (greedy: the argmax; sampled: a draw
-                # with the draft excluded), so the matching leading drafts are exactly the accepted ones
-                m, drafts = last
-                self.backoff.observe(req, leading_matches(drafts, req.output_ids[m:]))
         if any(self.plain_only(r) for r in decodable):
             return  # this batch decodes plainly
         keep = []
@@ -173,7 +156,6 @@ class SpecManager:
         for req, d in zip(reqs, drafts):
             if d:  # the drafts enter the token pool: the pass reads its inputs from there
                 self.decode.held.add(req)  # its counters are provisional until processed: no batch plans it
-                self._verifying[req] = (len(req.output_ids), d)
                 n = req.device_len - len(d)
                 self.table.token_pool[req.table_idx, n : n + len(d)] = torch.tensor(d, dtype=torch.int32)
         extends = [Extend(r, r.device_len - 1 - len(d), r.device_len) for r, d in zip(reqs, drafts)]
@@ -216,6 +198,7 @@ class SpecManager:
         if drafted := len(batch.spec.drafts[i]):  # (a row without drafts was a plain decode: nothing to undo)
             req.cached_len, req.device_len = self.verifier.rollback(n, drafted, a)
             self.decode.held.discard(req)
+            self.backoff.observe(req, a)  # (process skips finished and retracted requests: nothing leaks)
             self.stats.verify_rows += 1
             self.stats.draft_tokens += drafted
             self.stats.accepted_tokens += a

@@ -104,6 +104,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
+def _warm_before_fork(item: pytest.Item) -> None:
+    """Run the test module's ``warm_before_fork()``, if it has one, once in this process: what each of
+    its tests would otherwise load again in its own forked child (a tokenizer and transformers' import:
+    ~3 s a test). It touches no student code; if it fails, each child meets the error itself."""
+    module = getattr(item, "module", None)
+    warm = getattr(module, "warm_before_fork", None)
+    if warm is None or getattr(module, "_ag_warmed", False):
+        return
+    module._ag_warmed = True
+    try:
+        warm()
+    except Exception:
+        pass
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if lab_of(item) is None:
@@ -117,6 +132,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         return True
     if not item.config.getoption("ag_isolate"):
         return None
+    _warm_before_fork(item)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for report in run_forked(item):
         item.ihook.pytest_runtest_logreport(report=report)

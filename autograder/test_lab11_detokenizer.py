@@ -69,6 +69,9 @@ def smollm2():
     return AutoTokenizer.from_pretrained(str(tiny_model("llama")))
 
 
+warm_before_fork = smollm2  # loaded once by the grader's parent process, not in every test's child
+
+
 # ---- the detokenizer: run, compare, explain ---------------------------------------------------------------
 def stream(cls, tok, chunks: list[list[int]], skip: bool = True) -> tuple[list[str], str]:
     dec = cls(tok, skip)

@@ -4,6 +4,7 @@ regexes, then the engine generating under regexes with your backend. Run: ``pyth
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from types import SimpleNamespace
@@ -73,10 +74,18 @@ def small_tokenizer() -> FakeTokenizer:
     return FakeTokenizer(SMALL)
 
 
+@functools.cache
 def real_tokenizer(model):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model)
+
+
+def warm_before_fork():
+    """The grader's parent process loads the tokenizer once, not every test's child (~3 s each)."""
+    from autograder.models import tiny_model
+
+    real_tokenizer(tiny_model("llama"))
 
 
 def describe(vocab, i: int) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from autograder.points import points
 from autograder.test_lab11_detokenizer import PIECE, check_detokenizer, check_stops, one_by_one, smollm2
 
+warm_before_fork = smollm2  # loaded once by the grader's parent process, not in every test's child
+
 
 @points(5)
 def test_detokenizer_keeps_special_tokens_when_asked():

@@ -19,6 +19,7 @@ from autograder.test_lab14_token_mask import (
     bits,
     expect_allowed,
     real_tokenizer,
+    warm_before_fork,  # noqa: F401  (the grader's hook: the tokenizer, loaded once before forking)
 )
 from minisgl.grammar.base import bitmask_words
 from minisgl.grammar.regex_dfa import compile_regex

@@ -12,7 +12,9 @@ from greedy_compare import LogitRecorder
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.config import EngineConfig
+from minisgl.engine.kv_calibrate import calibration_ids
 from minisgl.kvcache import KVPool
+from minisgl.kvcache.pool import head_scales
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear, fp8_rows, quantize_fp8
 
 FP8 = torch.float8_e4m3fn
@@ -50,18 +52,21 @@ def test_fp8_halves_the_bytes_per_token_and_doubles_the_default_pool(tiny_qwen3)
     assert sizes["fp8_e4m3"] >= sizes["auto"]
 
 
-def _fp8_round(x: torch.Tensor) -> torch.Tensor:
-    return x.clamp(-448, 448).to(FP8).to(x.dtype)
+def _fp8_round(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` ([n, heads, dim]) stored in FP8 with per-head ``scale`` and read back."""
+    s = scale[:, None].to(x.dtype)
+    return ((x / s).clamp(-448, 448).to(FP8).to(x.dtype)) * s
 
 
-def _run(path, simulate_fp8: bool = False, **kw):
+def _run(path, simulate_fp8: tuple[torch.Tensor, torch.Tensor] | None = None, **kw):
     """Tokens, recorded logits and the pool of two waves: chunked prefills, then prefix hits.
-    ``simulate_fp8``: a float32 pool whose stores round through FP8 (the oracle)."""
+    ``simulate_fp8``: per-layer, per-head (K, V) scales of a float32 pool whose stores round through
+    FP8 with them (the oracle)."""
     llm = LLM(str(path), dtype="float32", num_pages=1024, max_prefill_length=16, **kw)
     pool = llm.scheduler.engine.kv_pool
-    if simulate_fp8:
-        store = pool.store
-        pool.store = lambda layer, loc, k, v: store(layer, loc, _fp8_round(k), _fp8_round(v))
+    if simulate_fp8 is not None:
+        store, (ks, vs) = pool.store, simulate_fp8
+        pool.store = lambda layer, loc, k, v: store(layer, loc, _fp8_round(k, ks[layer]), _fp8_round(v, vs[layer]))
         # the pool no longer holds exactly what a pass computes, as an FP8 pool does not: attention must
         # read it back (a fresh prompt's prefill would otherwise attend over its unrounded K/V)
         pool.quantized = True
@@ -82,17 +87,75 @@ def _max_diff(a: LogitRecorder, b: LogitRecorder) -> float:
 
 
 def test_attention_reads_the_fp8_cache(tiny_model):
-    """Prefill (chunked, and after prefix hits) and decode read K/V back from the FP8 pool: every
-    logit equals that of a float32 pool whose stores round through FP8 (to float32 precision), and
-    differs from the unrounded cache's."""
+    """Prefill (chunked, and after prefix hits) and decode read K/V back from the FP8 pool, with its
+    per-head scales: every logit equals that of a float32 pool whose stores round through FP8 with
+    the same scales (to float32 precision), and differs from the unrounded cache's."""
     tokens, got, pool = _run(tiny_model, kv_cache_dtype="fp8_e4m3")
     assert pool.dtype == FP8 and pool.compute_dtype == torch.float32
-    sim_tokens, sim, sim_pool = _run(tiny_model, simulate_fp8=True)
+    assert (pool.k_scale != 1).any() and (pool.v_scale != 1).any(), "the test needs scales other than 1"
+    sim_tokens, sim, sim_pool = _run(tiny_model, simulate_fp8=(pool.k_scale, pool.v_scale))
     assert sim_pool.dtype == torch.float32
     _, plain, _ = _run(tiny_model)
     assert tokens == sim_tokens
     assert _max_diff(got, sim) < 1e-4
     assert _max_diff(got, plain) > 1e-2  # the rounding is real: it moves these O(1) logits
+
+
+def test_head_scales_are_the_smallest_powers_of_two_that_fit():
+    """448 * 2^k fits 2^k exactly; a hair more needs 2^(k+1); an all-zero head keeps 1; each head alone."""
+    x = torch.zeros(3, 5, 4)
+    x[1, 0, 2] = 448 * 2.0**-7  # exactly at the boundary
+    x[0, 1, 3] = -(448 * 2.0**-7) * (1 + 2**-6)  # just past it (and still past it in bfloat16)
+    x[2, 2, 0] = 3.0  # 3 / 448 in (2^-8, 2^-7]
+    x[:, 4] = 1e4  # larger than the range: a scale above 1
+    s = head_scales(x, FP8)
+    assert s.tolist() == [2.0**-7, 2.0**-6, 2.0**-7, 1.0, 2.0**5]
+    assert s.dtype == torch.float32 and torch.equal(head_scales(x.bfloat16(), FP8), s)
+
+
+def test_calibration_puts_each_heads_largest_value_just_under_448(tiny_qwen3):
+    """At load, an FP8 pool's scales come from one prefill of a text: per layer and KV head, the largest
+    |value| stored by that pass (still in the pool's first pages) is in (224, 448], as the smallest
+    power of two that fits gives; the pass returns its request-table row."""
+    llm = LLM(str(tiny_qwen3), dtype="bfloat16", kv_cache_dtype="fp8_e4m3", max_seq_len=512)
+    pool = llm.scheduler.engine.kv_pool
+    n = len(calibration_ids(None, llm.scheduler.engine.model_config.vocab_size, 512))  # no tokenizer here
+    for scales, slots in ((pool.k_scale, pool.k_slots), (pool.v_scale, pool.v_slots)):
+        assert torch.equal(scales, torch.exp2(scales.log2().round())), "scales must be powers of two"
+        assert (scales != 1).all(), scales  # this model's K/V are far from FP8's range
+        for layer in range(pool.num_layers):
+            top = slots(layer)[:n].float().abs().amax(dim=(0, 2))
+            assert ((top > 224) & (top <= 448)).all(), (layer, top, scales[layer])
+    assert not pool.calibrating and llm.scheduler.engine.table.num_free_rows == llm.scheduler.engine.max_running
+    assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("magnitude", [1e-3, 30.0, 3e3])
+def test_per_head_scales_keep_fp8_relative_error_at_any_magnitude(magnitude):
+    """Values stored with their head's scale come back within FP8's rounding (half a step of 3 mantissa
+    bits: 1/16 relative) whether they are tiny (subnormal at a scale of 1: most bits lost), ordinary or
+    past 448 (saturated at a scale of 1); through the pool's store and the query/output scaling."""
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(64, 4, 8, generator=gen) * magnitude * torch.tensor([1.0, 0.1, 10.0, 0.5])[:, None]
+    pool = KVPool(1, 8, 16, 4, 8, FP8, torch.device("cpu"), compute_dtype=torch.float32)
+    pool.set_scales(0, head_scales(k, FP8), head_scales(k, FP8))
+    loc = torch.arange(64)
+    pool.store(0, loc, k, k)
+    scale = pool.k_scale[0][:, None]
+    back = pool.k_slots(0)[loc].float() * scale
+    rel = ((back - k).abs() / k.abs()).max()
+    assert rel <= 1 / 16, rel
+    unscaled = pool.quantize(k, torch.ones(4)).float()
+    worst = ((unscaled - k).abs() / k.abs()).max()
+    if magnitude != 30.0:
+        assert worst > 0.25, worst  # what a scale of 1 did to these values
+    # attention never dequantizes: the queries of a KV head's group carry its K scale, the output its V scale
+    q = torch.randn(5, 8, 8, generator=gen)  # 8 query heads over 4 KV heads: groups of 2
+    qs = pool.scale_queries(0, q)
+    assert torch.equal(qs, q * scale.repeat_interleave(2, 0)[None])
+    out = torch.randn(5, 8 * 8, generator=gen)
+    assert torch.equal(pool.scale_output(0, out).view(5, 8, 8), out.view(5, 8, 8) * scale.repeat_interleave(2, 0)[None])
 
 
 def test_unknown_kv_cache_dtype_is_refused():

@@ -297,21 +297,30 @@ def test_tvm_ffi_kv_store_equals_index_put(dtype, kv_heads, head_dim, tokens):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tvm_ffi_kv_store_quantizes_into_fp8_as_the_pool_does(dtype):
-    """Into a float8_e4m3fn cache, the kernel rounds and saturates each value exactly as
-    ``KVPool.quantize`` (torch's clamp to +-448, then cast) does, including values past the range."""
+    """Into a float8_e4m3fn cache, the kernel divides each value by its KV head's scale, rounds and
+    saturates exactly as ``KVPool.quantize`` (torch's divide, clamp to +-448, cast) does, including
+    values past the range and scales that differ per head."""
     from minisgl.kernels import jit_store
     from minisgl.kvcache import KVPool
 
     pool = KVPool(1, 512, 16, 8, 128, torch.float8_e4m3fn, torch.device("cuda"), compute_dtype=dtype)
     k, v = _qkv_rows(1000, 16, 8, 128, dtype)
-    k.mul_(200), v.mul_(-300)  # many values past +-448
+    k.mul_(200), v.mul_(-300)  # many values past +-448 at a scale of 1
+    ks = torch.exp2(torch.arange(-4.0, 4.0, device="cuda"))  # 1/16 .. 8: heads saturate or go subnormal
+    vs = ks.flip(0).contiguous()
+    pool.set_scales(0, ks, vs)
     loc = torch.randperm(pool.num_slots, device="cuda")[:1000]
     got = [torch.zeros_like(pool.k_slots(0)) for _ in "kv"]
-    jit_store.store_kv(got[0], got[1], loc, k, v)
-    assert torch.equal(got[0][loc].view(torch.uint8), pool.quantize(k).view(torch.uint8))
-    assert torch.equal(got[1][loc].view(torch.uint8), pool.quantize(v).view(torch.uint8))
+    jit_store.store_kv(got[0], got[1], loc, k, v, ks, vs)
+    assert torch.equal(got[0][loc].view(torch.uint8), pool.quantize(k, ks).view(torch.uint8))
+    assert torch.equal(got[1][loc].view(torch.uint8), pool.quantize(v, vs).view(torch.uint8))
+    assert not torch.equal(pool.quantize(k, ks), pool.quantize(k, torch.ones_like(ks)))  # the scales mattered
     pool.store(0, loc, k, v)  # the pool's own store takes the kernel, quantizing inside it
     assert torch.equal(pool.k_slots(0).view(torch.uint8), got[0].view(torch.uint8))
+    with pytest.raises(ValueError, match="needs k_scale and v_scale"):
+        jit_store.store_kv(got[0], got[1], loc, k, v)
+    with pytest.raises(Exception, match="float32 \\[kv_heads\\]"):
+        jit_store.store_kv(got[0], got[1], loc, k, v, ks[:4], vs)
 
 
 def test_tvm_ffi_kv_store_runs_on_the_current_stream_and_in_graphs():
@@ -354,14 +363,18 @@ def test_tvm_ffi_kv_store_refuses_bad_inputs():
 def test_fp8_kv_cache_on_flashinfer_matches_the_torch_backend(gpu_models):
     """With ``--kv-cache-dtype fp8_e4m3``, ``auto`` picks ``fi`` (FA3 does not read FP8 pages next to
     bf16 queries, and says so), and FlashInfer's FP8 reads (prefill and decode, graphs and overlap on)
-    give the torch backend's tokens on the same FP8 cache, up to near-ties."""
+    give the torch backend's tokens on the same FP8 cache, up to near-ties. Both calibrate the same
+    per-head scales at load (one prefill pass through their own kernels), and apply them the same way."""
     from minisgl.attention.flashinfer_backend import FA3Backend, FlashInferBackend
 
     for model in ("llama", "qwen3"):
         ref = run(gpu_models[model], attention_backend="torch", cuda_graph_max_bs=0, kv_cache_dtype="fp8_e4m3")
         tokens, logits, llm = run(gpu_models[model], cuda_graph_max_bs=8, kv_cache_dtype="fp8_e4m3")
-        engine = llm.scheduler.engine
+        engine, ref_pool = llm.scheduler.engine, ref[2].scheduler.engine.kv_pool
         assert engine.kv_pool.dtype == torch.float8_e4m3fn and engine.graph_runner is not None
+        for name in ("k_scale", "v_scale"):
+            assert torch.equal(getattr(engine.kv_pool, name), getattr(ref_pool, name)), name
+        assert (engine.kv_pool.v_scale != 1).any()
         assert type(engine.attn_backend) is FlashInferBackend
         assert_same_greedy((tokens, logits), ref[:2])
     with pytest.raises(ValueError, match="does not read an FP8 KV cache"):

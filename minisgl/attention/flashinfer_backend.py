@@ -152,8 +152,9 @@ class FlashInferBackend(AttentionBackend):
     def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
         self.pool.store(layer_id, batch.out_loc, k, v)
         kv = (self.pool.k_cache(layer_id), self.pool.v_cache(layer_id))
-        out = batch.attn_metadata.wrapper.run(q, kv)
-        return out.view(-1, self.num_heads * self.head_dim)
+        # an FP8 pool's per-head scales (KVPool): on the queries before, on the output after
+        out = batch.attn_metadata.wrapper.run(self.pool.scale_queries(layer_id, q), kv)
+        return self.pool.scale_output(layer_id, out.view(-1, self.num_heads * self.head_dim))
 
     # ---- CUDA graphs (decode) ------------------------------------------------------------
     def init_cuda_graph(self, max_bs: int) -> None:

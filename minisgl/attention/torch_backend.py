@@ -70,6 +70,11 @@ class TorchBackend(AttentionBackend):
     def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
         md: TorchMetadata = batch.attn_metadata
         self.pool.store(layer_id, batch.out_loc, k, v)
+        q = self.pool.scale_queries(layer_id, q)  # an FP8 pool's per-head scales (KVPool); else q itself
+        out = self._attend(q, k, v, layer_id, md)
+        return self.pool.scale_output(layer_id, out)
+
+    def _attend(self, q, k, v, layer_id: int, md: TorchMetadata) -> torch.Tensor:
         bsz, heads, dim = md.kv_slots.shape[0], q.shape[1], q.shape[2]
         if md.q_index is None:  # decode: one query per request, K/V read where they lie
             kernel = q.is_cpu and not self.pool.quantized and paged_attention.available()

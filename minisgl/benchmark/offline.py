@@ -14,6 +14,9 @@ Workloads:
          (133,966 output tokens)
   cpu    the same shape scaled down: 64 requests, prompts 32-256, outputs 16-128
   shared 64 requests sharing a 512-token prefix + distinct 32-token suffixes, 32 outputs each
+  long   256 requests, prompts of 1,024-2,048 tokens, 256-512 outputs (temperature 0.6, ignore_eos):
+         ~490k tokens of context at the end, for runs whose KV pool holds a fraction of it at once
+         (``--memory-ratio 0.1`` on an H200 with Qwen3-0.6B: ~115k tokens in bf16, twice that in FP8)
 
 Throughput = output tokens / wall time of the whole run (prefill included). A warm-up with the
 workload's first two prompts compiles what the run needs; every timed run then starts from an empty
@@ -56,21 +59,22 @@ class Workload:
         return sum(p.max_tokens for p in self.params)
 
 
+def _random_requests(n: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int], vocab_limit: int):
+    """``n`` prompts of random ids and lengths in ``prompt_lens``, then their outputs' lengths in
+    ``output_lens`` (temperature 0.6, ignore_eos), from ``random.seed(0)`` in Nano-vLLM's order."""
+    random.seed(0)
+    prompts = [[random.randint(0, vocab_limit) for _ in range(random.randint(*prompt_lens))] for _ in range(n)]
+    lens = [random.randint(*output_lens) for _ in range(n)]
+    return prompts, [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in lens]
+
+
 def make_workload(name: str, num_requests: int | None = None, vocab_limit: int = 10000) -> Workload:
     if name == "nano":
-        random.seed(0)
-        n = num_requests or 256
-        prompts = [[random.randint(0, vocab_limit) for _ in range(random.randint(100, 1024))] for _ in range(n)]
-        params = [
-            SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024)) for _ in range(n)
-        ]
+        prompts, params = _random_requests(num_requests or 256, (100, 1024), (100, 1024), vocab_limit)
     elif name == "cpu":
-        random.seed(0)
-        n = num_requests or 64
-        prompts = [[random.randint(0, vocab_limit) for _ in range(random.randint(32, 256))] for _ in range(n)]
-        params = [
-            SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(16, 128)) for _ in range(n)
-        ]
+        prompts, params = _random_requests(num_requests or 64, (32, 256), (16, 128), vocab_limit)
+    elif name == "long":
+        prompts, params = _random_requests(num_requests or 256, (1024, 2048), (256, 512), vocab_limit)
     elif name == "shared":
         random.seed(0)
         n = num_requests or 64
@@ -78,7 +82,7 @@ def make_workload(name: str, num_requests: int | None = None, vocab_limit: int =
         prompts = [prefix + [random.randint(0, vocab_limit) for _ in range(32)] for _ in range(n)]
         params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32) for _ in range(n)]
     else:
-        raise ValueError(f"unknown workload {name!r}: nano, cpu or shared")
+        raise ValueError(f"unknown workload {name!r}: nano, cpu, shared or long")
     return Workload(name, prompts, params)
 
 
@@ -237,6 +241,7 @@ ENGINE_FLAGS = [
     "step_time",
     "cuda_graph_max_bs",
     "num_pages",
+    "memory_ratio",
 ]
 
 
@@ -255,7 +260,7 @@ def _without(argv: list[str], *flags: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="cpu", choices=["nano", "cpu", "shared"])
+    ap.add_argument("--workload", default="cpu", choices=["nano", "cpu", "shared", "long"])
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--engine", default="minisgl", help="minisgl, hf, vllm, llamacpp, or several: minisgl,hf")
     ap.add_argument("--rounds", type=int, default=1, help="with several engines: each once per round")

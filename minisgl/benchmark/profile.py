@@ -41,7 +41,16 @@ def top_ops(events, rows: int) -> str:
     return events.table(sort_by=key, row_limit=rows, max_name_column_width=90)
 
 
-ENGINE_FLAGS = ["model", "dummy_weight", "dtype", "page_size", "attention_backend", "cuda_graph_max_bs", "tp_size"]
+ENGINE_FLAGS = [
+    "model",
+    "dummy_weight",
+    "dtype",
+    "kv_cache_dtype",
+    "page_size",
+    "attention_backend",
+    "cuda_graph_max_bs",
+    "tp_size",
+]
 
 
 def main(argv: list[str] | None = None) -> None:

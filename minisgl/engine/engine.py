@@ -18,6 +18,7 @@ from minisgl.core import Batch
 from minisgl.distributed import get_tp_info, init_distributed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
+from minisgl.engine.kv_calibrate import calibrate_kv_scales, calibration_ids
 from minisgl.engine.logprobs import SampleExtras, log_probs, score, score_prompt
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
 from minisgl.kernels.jit import cpu_module
@@ -27,6 +28,7 @@ from minisgl.layers.linear import quantize_fp8
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.resolve import resolve_model
 from minisgl.models.weights import init_dummy_weights, load_weights, pack_on_huge_pages
+from minisgl.tokenizer import load_tokenizer
 from minisgl.utils import keep_freed_memory, nvtx_range
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,9 @@ class Engine:
         self.attn_backend = create_backend(
             config.attention_backend, self.kv_pool, self.table, self.local_heads, cfg.head_dim
         )
+        if self.kv_pool.quantized:  # per-head FP8 scales from one prefill of a real text, before any graph
+            ids = calibration_ids(load_tokenizer(self.model_path), cfg.vocab_size, self.max_seq_len)
+            calibrate_kv_scales(self, ids)
         self.sampler = SAMPLERS.get(parts.sampler)()
         self.graph_runner = None
         if self.device.type == "cuda":

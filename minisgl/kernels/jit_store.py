@@ -40,10 +40,23 @@ def available() -> bool:
     return _module() is not None
 
 
-def store_kv(k_slots: torch.Tensor, v_slots: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def store_kv(
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """``k_slots[loc] = k; v_slots[loc] = v`` for ``[n, kv_heads, head_dim]`` rows whose heads are
     contiguous (the rows may be strided). ``loc`` is int64 on the same GPU. Slots of float8_e4m3fn
-    take bf16/fp16 rows, rounded and saturated to +-448 as ``KVPool.quantize`` does. Runs on torch's
+    take bf16/fp16 rows divided by each head's scale (``k_scale``, ``v_scale``: float32 ``[kv_heads]``,
+    powers of two), rounded and saturated to +-448 as ``KVPool.quantize`` does. Runs on torch's
     current stream, so it can be captured into a CUDA graph."""
     stream = torch.cuda.current_stream(k.device).cuda_stream
-    _module().store_kv(k_slots, v_slots, loc, k, v, stream)
+    if k_scale is None or v_scale is None:
+        if k_slots.dtype != k.dtype:
+            raise ValueError("storing into an FP8 cache needs k_scale and v_scale")
+        k_scale = v_scale = loc  # not read for a plain copy
+    _module().store_kv(k_slots, v_slots, loc, k, v, k_scale, v_scale, stream)

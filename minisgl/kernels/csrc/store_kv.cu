@@ -9,9 +9,10 @@
 // and base address is checked to be a multiple of 16 bytes (then one thread moves 16 bytes at a
 // time), else 8, 4, 2. One block per token; its threads stride over the K row, then the V row.
 //
-// An FP8 (e4m3fn) cache with bf16/fp16 rows: each value is rounded to nearest-even and saturated to
-// +-448 on the way, as torch's clamp-then-cast is (``KVPool.quantize``), so quantizing costs no kernel
-// of its own.
+// An FP8 (e4m3fn) cache with bf16/fp16 rows: each value is divided by its KV head's scale
+// (k_scale, v_scale: float32 [Hkv], powers of two, so the division is exact), rounded to nearest-even
+// and saturated to +-448 on the way, as torch's divide-clamp-cast is (``KVPool.quantize``), so
+// quantizing costs no kernel of its own.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -53,12 +54,16 @@ template <typename Src>
 __global__ void store_rows_fp8(const Src* __restrict__ k, const Src* __restrict__ v, int64_t k_stride,
                                int64_t v_stride, const int64_t* __restrict__ loc,
                                __nv_fp8_storage_t* __restrict__ k_cache, __nv_fp8_storage_t* __restrict__ v_cache,
-                               int64_t row) {
+                               const float* __restrict__ k_scale, const float* __restrict__ v_scale, int64_t row,
+                               int64_t head_dim) {
   const int64_t t = blockIdx.x;
   const int64_t slot = loc[t];
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    k_cache[slot * row + i] = __nv_cvt_float_to_fp8(to_float(k[t * k_stride + i]), __NV_SATFINITE, __NV_E4M3);
-    v_cache[slot * row + i] = __nv_cvt_float_to_fp8(to_float(v[t * v_stride + i]), __NV_SATFINITE, __NV_E4M3);
+    const int64_t h = i / head_dim;
+    const float kq = __fdiv_rn(to_float(k[t * k_stride + i]), k_scale[h]);
+    const float vq = __fdiv_rn(to_float(v[t * v_stride + i]), v_scale[h]);
+    k_cache[slot * row + i] = __nv_cvt_float_to_fp8(kq, __NV_SATFINITE, __NV_E4M3);
+    v_cache[slot * row + i] = __nv_cvt_float_to_fp8(vq, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
@@ -81,7 +86,9 @@ bool rows_contiguous(const TensorView& t) {  // every dim after the first is pac
 
 }  // namespace
 
-void store_kv(TensorView k_cache, TensorView v_cache, TensorView loc, TensorView k, TensorView v, int64_t stream) {
+// k_scale, v_scale: read only for an FP8 cache (pass any tensor otherwise)
+void store_kv(TensorView k_cache, TensorView v_cache, TensorView loc, TensorView k, TensorView v, TensorView k_scale,
+              TensorView v_scale, int64_t stream) {
   TVM_FFI_ICHECK(k.ndim() >= 2 && k.ndim() == v.ndim() && k_cache.ndim() == k.ndim() && v_cache.ndim() == k.ndim())
       << "k, v, k_cache, v_cache must be [rows, ...] of the same rank";
   TVM_FFI_ICHECK(k.dtype() == v.dtype() && k_cache.dtype() == v_cache.dtype())
@@ -105,14 +112,24 @@ void store_kv(TensorView k_cache, TensorView v_cache, TensorView loc, TensorView
   const int64_t* lp = static_cast<const int64_t*>(static_cast<void*>(base(loc)));
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   if (fp8) {
+    const int64_t heads = k.ndim() == 3 ? k.size(1) : 1;
+    for (const TensorView* sc : {&k_scale, &v_scale}) {
+      TVM_FFI_ICHECK(sc->ndim() == 1 && sc->size(0) == heads && sc->dtype().code == kDLFloat &&
+                     sc->dtype().bits == 32 && sc->IsContiguous())
+          << "an FP8 cache needs k_scale and v_scale: float32 [kv_heads] (contiguous)";
+    }
+    const float *ksc = static_cast<const float*>(static_cast<void*>(base(k_scale)));
+    const float *vsc = static_cast<const float*>(static_cast<void*>(base(v_scale)));
     const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, cache_row)));
     auto kq = reinterpret_cast<__nv_fp8_storage_t*>(kc), vq = reinterpret_cast<__nv_fp8_storage_t*>(vc);
     if (k.dtype().code == kDLBfloat) {
       store_rows_fp8<<<static_cast<unsigned>(n), threads, 0, s>>>(reinterpret_cast<const __nv_bfloat16*>(kp),
-          reinterpret_cast<const __nv_bfloat16*>(vp), k.stride(0), v.stride(0), lp, kq, vq, cache_row);
+          reinterpret_cast<const __nv_bfloat16*>(vp), k.stride(0), v.stride(0), lp, kq, vq, ksc, vsc, cache_row,
+          cache_row / heads);
     } else {
       store_rows_fp8<<<static_cast<unsigned>(n), threads, 0, s>>>(reinterpret_cast<const __half*>(kp),
-          reinterpret_cast<const __half*>(vp), k.stride(0), v.stride(0), lp, kq, vq, cache_row);
+          reinterpret_cast<const __half*>(vp), k.stride(0), v.stride(0), lp, kq, vq, ksc, vsc, cache_row,
+          cache_row / heads);
     }
   } else {
     // the widest access every address and stride is aligned to

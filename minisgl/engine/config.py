@@ -83,7 +83,7 @@ class EngineConfig:
     kv_cache_dtype: str = option(
         "auto",
         "KV cache dtype: auto (the model's dtype) or fp8_e4m3 (half the bytes of bf16 per token; values stored "
-        "with a per-tensor scale of 1, saturating at +-448, and read back in the model's dtype)",
+        "with a scale per layer and KV head calibrated at load, saturating at +-448 times it)",
         choices=("auto", "fp8_e4m3"),
     )
     quantization: str | None = option(

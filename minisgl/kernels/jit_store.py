@@ -56,7 +56,7 @@ def store_kv(
     current stream, so it can be captured into a CUDA graph."""
     stream = torch.cuda.current_stream(k.device).cuda_stream
     if k_scale is None or v_scale is None:
-        if k_slots.dtype != k.dtype:
+        if k_slots.dtype == torch.float8_e4m3fn and k.dtype != k_slots.dtype:
             raise ValueError("storing into an FP8 cache needs k_scale and v_scale")
         k_scale = v_scale = loc  # not read for a plain copy
     _module().store_kv(k_slots, v_slots, loc, k, v, k_scale, v_scale, stream)

@@ -94,13 +94,11 @@ class KVPool:
         self.k_slots(layer)[loc] = k
         self.v_slots(layer)[loc] = v
 
-    def quantize(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    def quantize(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``x`` (``[n, kv_heads, head_dim]``) in the storage dtype: divided by each head's ``scale``
         (float32 ``[kv_heads]``; exact, a power of two) and clamped to the format's range first."""
         limit = torch.finfo(self.dtype).max
-        if scale is not None:
-            x = x.float() / scale[:, None]
-        return x.clamp(-limit, limit).to(self.dtype)
+        return (x.float() / scale[:, None]).clamp(-limit, limit).to(self.dtype)
 
     def set_scales(self, layer: int, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
         """This layer's per-head scales (float32 ``[kv_heads]``, powers of two); only while nothing is

@@ -60,6 +60,7 @@ VARS: tuple[Var, ...] = (
     Var("FUSED_KERNELS", True, flag, "0: torch instead of the fused kernels (FlashInfer, Triton; C++ on the CPU)"),
     Var("FI_TENSOR_CORES", True, flag, "0: FlashInfer's CUDA-core decode kernel"),
     Var("FI_NO_SPLIT_MIN_BS", 32, int, "captured decode batches of at least this many skip split-KV"),
+    Var("FP8_FUSED", True, flag, "0: FP8 layers quantize their inputs and scale their outputs in passes of their own"),
     Var("NVTX", True, flag, "0: no NVTX ranges on CUDA"),
     Var("DISABLE_JIT", False, flag, "1: no C++ kernels through TVM FFI (torch instead)"),
     Var(
@@ -93,6 +94,7 @@ class Env:
     fused_kernels: bool
     fi_tensor_cores: bool
     fi_no_split_min_bs: int
+    fp8_fused: bool
     nvtx: bool
     disable_jit: bool
     cpu_isa: str | None

@@ -6,6 +6,8 @@ measured by ``python -m minisgl.benchmark.quality`` (engine manual, "FP8")."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from greedy_compare import LogitRecorder
@@ -15,7 +17,8 @@ from minisgl.engine.config import EngineConfig
 from minisgl.engine.kv_calibrate import calibration_ids
 from minisgl.kvcache import KVPool
 from minisgl.kvcache.pool import head_scales
-from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear, fp8_rows, quantize_fp8
+from minisgl.layers.fp8 import fp8_rows, quantize_fp8
+from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 FP8 = torch.float8_e4m3fn
 PROMPTS = [[5, 6, 7, 8, 9] * 6, [100] * 30, list(range(3, 60))]
@@ -127,6 +130,22 @@ def test_calibration_puts_each_heads_largest_value_just_under_448(tiny_qwen3):
             top = slots(layer)[:n].float().abs().amax(dim=(0, 2))
             assert ((top > 224) & (top <= 448)).all(), (layer, top, scales[layer])
     assert not pool.calibrating and llm.scheduler.engine.table.num_free_rows == llm.scheduler.engine.max_running
+    assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+    llm.shutdown()
+
+
+def test_a_pool_smaller_than_the_calibration_text_calibrates_on_what_fits(tiny_qwen3, caplog):
+    """Two 16-token pages hold 32 of the calibration text's ~190 tokens: the engine starts, its scales come from
+    those 32 (the largest stored value of each head in [224, 448]: just over 224 rounds to 224 in FP8), and
+    it says so."""
+    with caplog.at_level("WARNING", logger="minisgl.engine.kv_calibrate"):
+        llm = LLM(str(tiny_qwen3), dtype="bfloat16", kv_cache_dtype="fp8_e4m3", num_pages=2, page_size=16)
+    said = re.search(r"the KV pool holds 32 of the (\d+) calibration tokens: calibrating on those", caplog.text)
+    assert said and int(said.group(1)) > 100
+    pool = llm.scheduler.engine.kv_pool
+    for scales, slots in ((pool.k_scale, pool.k_slots), (pool.v_scale, pool.v_slots)):
+        top = slots(0)[:32].float().abs().amax(dim=(0, 2))
+        assert (scales != 1).all() and ((top >= 224) & (top <= 448)).all(), (top, scales[0])
     assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
     llm.shutdown()
 

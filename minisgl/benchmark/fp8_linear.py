@@ -2,7 +2,8 @@
 (``fp8_rows``: six kernels) or by one Triton kernel (``fp8_quant.quant_rows``), each then
 ``torch._scaled_mm`` with a scale per token and per output row (CUTLASS); and the engine's path, the
 Triton quantization, ``_scaled_mm`` with unit scales (cuBLASLt) and one rescaling pass
-(``fp8_quant.scaled_linear``).
+(``fp8_quant.scaled_linear``); and that GEMM alone, which is all a decode layer runs when its neighbours
+quantize its input and apply its scales (``layers/fp8.py``).
 
     python -m minisgl.benchmark.fp8_linear --model Qwen3-14B --json minisgl/benchmark/results/h200-fp8-linear.json
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from minisgl.benchmark.decode_ops import graph_us
 from minisgl.kernels.fp8_quant import quant_rows, scaled_linear
-from minisgl.layers.linear import fp8_rows
+from minisgl.layers.fp8 import fp8_rows
 from minisgl.models.config import ModelConfig
 from minisgl.models.resolve import resolve_model
 
@@ -46,6 +47,7 @@ def row(name: str, k: int, n: int, m: int) -> dict:
     wq, ws = fp8_rows(w)
     wt, ws = wq.t(), ws.view(1, -1)
     one = torch.ones((), device=dev)
+    xq, _ = quant_rows(x)
     mm = lambda q, s: torch._scaled_mm(q, wt, s, ws, out_dtype=torch.bfloat16)
     us = {
         "bf16": graph_us(lambda: F.linear(x, w), 50),
@@ -53,6 +55,8 @@ def row(name: str, k: int, n: int, m: int) -> dict:
         "fp8 fused quant": graph_us(lambda: mm(*quant_rows(x)), 50),
         "fp8 fused, cuBLASLt": graph_us(lambda: scaled_linear(*quant_rows(x), wt, ws, one, torch.bfloat16), 50),
         "quant alone": graph_us(lambda: quant_rows(x), 50),
+        # with fuse_fp8 a decode layer is this alone: its input comes quantized, its scales go to the next kernel
+        "fp8 GEMM alone": graph_us(lambda: torch._scaled_mm(xq, wt, one, one, out_dtype=torch.float32), 50),
     }
     return dict(layer=name, k=k, n=n, tokens=m, us=us)
 
@@ -75,7 +79,8 @@ def main() -> None:
                 f"fp8+torch {u['fp8 torch quant']:8.1f} ({u['bf16'] / u['fp8 torch quant']:.2f}x)  "
                 f"fp8+fused {u['fp8 fused quant']:8.1f} ({u['bf16'] / u['fp8 fused quant']:.2f}x)  "
                 f"cuBLASLt+rescale {u['fp8 fused, cuBLASLt']:8.1f} ({u['bf16'] / u['fp8 fused, cuBLASLt']:.2f}x)  "
-                f"quant {u['quant alone']:6.1f}",
+                f"quant {u['quant alone']:6.1f}  GEMM alone {u['fp8 GEMM alone']:6.1f} "
+                f"({u['bf16'] / u['fp8 GEMM alone']:.2f}x)",
                 flush=True,
             )
     if args.json:  # a list of one record per model: a run appends its own

@@ -46,6 +46,7 @@ ENGINE_FLAGS = [
     "dummy_weight",
     "dtype",
     "kv_cache_dtype",
+    "quantization",
     "page_size",
     "attention_backend",
     "cuda_graph_max_bs",

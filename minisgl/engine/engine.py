@@ -21,10 +21,11 @@ from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
 from minisgl.engine.kv_calibrate import calibrate_kv_scales, calibration_ids
 from minisgl.engine.logprobs import SampleExtras, log_probs, score, score_prompt
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
+from minisgl.env import ENV
 from minisgl.kernels.jit import cpu_module
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
-from minisgl.layers.linear import quantize_fp8
+from minisgl.layers.fp8 import quantize_fp8
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.resolve import resolve_model
 from minisgl.models.weights import init_dummy_weights, load_weights, pack_on_huge_pages
@@ -117,6 +118,8 @@ class Engine:
             load_weights(model, self.model_path)
         if self.config.quantization == "fp8":
             logger.info("FP8 weights: %d linear layers quantized", quantize_fp8(model))
+            if ENV.fp8_fused:
+                logger.info("FP8 weights: %d quantization or scaling passes fused", model.fuse_fp8())
         if self.device.type == "cpu":
             pack_on_huge_pages(model)
         return model.eval()

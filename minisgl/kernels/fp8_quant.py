@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.triton_kernels import TL_DTYPES
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)
 
@@ -69,10 +71,21 @@ def _rescale_kernel(y_ptr, xs_ptr, ws_ptr, out_ptr, N, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < N
-    y = tl.load(y_ptr + row * N + cols, mask=keep, other=0.0)
+    y = tl.load(y_ptr + row * N + cols, mask=keep, other=0.0).to(tl.float32)
     w = tl.load(ws_ptr + cols, mask=keep, other=0.0)
     out = y * tl.load(xs_ptr + row) * w
     tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def rescale(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``acc * row_scale * col_scale`` (in float32) rounded to ``dtype``: ``acc`` [M, N] (contiguous,
+    float32 or bf16), ``row_scale`` [M, 1], ``col_scale`` [1, N] float32."""
+    m, n = acc.shape
+    out = torch.empty((m, n), dtype=dtype, device=acc.device)
+    if m:
+        block = 1024
+        _rescale_kernel[(m, triton.cdiv(n, block))](acc, row_scale, col_scale, out, n, BLOCK=block, num_warps=4)
+    return out
 
 
 def scaled_linear(
@@ -81,10 +94,211 @@ def scaled_linear(
     """``(xq * xs) @ (wq_t * ws)`` in ``dtype``: ``xq`` [M, K] FP8 with ``xs`` [M, 1]; ``wq_t`` [K, N] FP8
     (a transposed row-major weight) with ``ws`` [1, N]; ``one`` a float32 scalar 1 on the GPU (made
     once, outside any graph capture). cuBLASLt's FP8 GEMM, then one rescaling pass."""
-    y = torch._scaled_mm(xq, wq_t, one, one, out_dtype=torch.float32)
-    m, n = y.shape
-    out = torch.empty((m, n), dtype=dtype, device=y.device)
+    return rescale(torch._scaled_mm(xq, wq_t, one, one, out_dtype=torch.float32), xs, ws, dtype)
+
+
+# ---- the kernels on either side of an FP8 layer (layers/fp8.py: QuantRows in, Unscaled out) -------------
+
+NORM_MAX_WIDTH = 16384  # a norm row is one block in registers
+
+
+def can_norm(width: int) -> bool:
+    return width <= NORM_MAX_WIDTH
+
+
+@triton.jit
+def _quantize_row(y, q_ptr, s_ptr, row, cols, keep, FMAX: tl.constexpr):
+    """Store one whole row ``y`` (float32, rounded to the model's dtype) as FP8 with its scale, as
+    ``quant_rows`` would."""
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FMAX, 1e-12)
+    tl.store(s_ptr + row, scale)
+    q = tl.minimum(tl.maximum(tl.div_rn(y, scale), -FMAX), FMAX)
+    tl.store(q_ptr + cols, q.to(tl.float8e4nv), mask=keep)
+
+
+@triton.jit
+def _norm_kernel(
+    x_ptr,
+    x_stride,
+    rs_ptr,
+    cs_ptr,
+    res_ptr,
+    res_stride,
+    w_ptr,
+    out_ptr,
+    os_ptr,
+    N,
+    eps,
+    DTYPE: tl.constexpr,
+    UNSCALED: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    QUANT: tl.constexpr,
+    FMAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < N
+    x = tl.load(x_ptr + row * x_stride + cols, mask=keep, other=0.0)
+    if UNSCALED:  # an FP8 GEMM's product: its two scales, rounded as the unfused pass rounds
+        x = (x.to(tl.float32) * tl.load(rs_ptr + row) * tl.load(cs_ptr + cols, mask=keep, other=0.0)).to(DTYPE)
+    h = x.to(tl.float32)
+    if RESIDUAL:  # residual += x in the model's dtype; the norm reads the float32 sum (as FlashInfer's does)
+        h += tl.load(res_ptr + row * res_stride + cols, mask=keep, other=0.0).to(tl.float32)
+        tl.store(res_ptr + row * res_stride + cols, h.to(DTYPE), mask=keep)
+    r = tl.rsqrt(tl.sum(h * h, axis=0) / N + eps)
+    y = (h * r * tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)).to(DTYPE)
+    if QUANT:
+        _quantize_row(y.to(tl.float32), out_ptr + row * N, os_ptr, row, cols, keep, FMAX)
+    else:
+        tl.store(out_ptr + row * N + cols, y, mask=keep)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    col_scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+    quantize: bool = False,
+):
+    """RMSNorm of ``x`` [M, N] (rows contiguous) in one kernel. ``x`` is in the model's dtype, or an FP8
+    GEMM's product (float32 or bf16) whose scales ``row_scale`` [M, 1] and ``col_scale`` [1, N] are applied
+    first (``dtype``: the model's). With ``residual`` ([M, N], the model's dtype) the input is first
+    added to it in place. Returns the normed rows in the model's dtype, or as FP8 with per-row scales
+    (``(q [M, N], scale [M, 1])``, what ``quant_rows`` of them gives) when ``quantize``."""
+    m, n = x.shape
+    unscaled = row_scale is not None
+    dtype = dtype if unscaled else x.dtype
+    assert can_norm(n) and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
+    out = torch.empty((m, n), dtype=FP8 if quantize else dtype, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device) if quantize else out
     if m:
-        block = 1024
-        _rescale_kernel[(m, triton.cdiv(n, block))](y, xs, ws, out, n, BLOCK=block, num_warps=4)
-    return out
+        res = residual if residual is not None else x
+        block = triton.next_power_of_2(n)
+        _norm_kernel[(m,)](
+            x, x.stride(0), row_scale if unscaled else x, col_scale if unscaled else x,
+            res, res.stride(0), weight, out, scale, n, eps,
+            DTYPE=TL_DTYPES[dtype], UNSCALED=unscaled, RESIDUAL=residual is not None, QUANT=quantize,
+            FMAX=FP8_MAX, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        )  # fmt: skip
+    return (out, scale) if quantize else out
+
+
+@triton.jit
+def _swiglu_block(src, rs, cs_ptr, start, I, DTYPE: tl.constexpr, UNSCALED: tl.constexpr, BLOCK: tl.constexpr):
+    """``silu(gate) * up`` for columns ``start..start+BLOCK`` of one row, float32 rounded to the model's
+    dtype (the unfused kernels' output); 0 past the row's end."""
+    cols = start + tl.arange(0, BLOCK)
+    keep = cols < I
+    g = tl.load(src + cols, mask=keep, other=0.0)
+    u = tl.load(src + I + cols, mask=keep, other=0.0)
+    if UNSCALED:
+        g = (g.to(tl.float32) * rs * tl.load(cs_ptr + cols, mask=keep, other=0.0)).to(DTYPE)
+        u = (u.to(tl.float32) * rs * tl.load(cs_ptr + I + cols, mask=keep, other=0.0)).to(DTYPE)
+    g = g.to(tl.float32)
+    return (g / (1.0 + tl.exp(-g)) * u.to(tl.float32)).to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _swiglu_quant_kernel(
+    x_ptr, x_stride, rs_ptr, cs_ptr, q_ptr, s_ptr, I,
+    DTYPE: tl.constexpr, UNSCALED: tl.constexpr, FMAX: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    src = x_ptr + row * x_stride
+    rs = 1.0
+    if UNSCALED:
+        rs = tl.load(rs_ptr + row)
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, I, BLOCK):  # the row's largest magnitude first; the second pass recomputes
+        amax = tl.maximum(amax, tl.abs(_swiglu_block(src, rs, cs_ptr, start, I, DTYPE, UNSCALED, BLOCK)))
+    scale = tl.maximum(tl.max(amax, axis=0) / FMAX, 1e-12)
+    tl.store(s_ptr + row, scale)
+    for start in range(0, I, BLOCK):
+        h = _swiglu_block(src, rs, cs_ptr, start, I, DTYPE, UNSCALED, BLOCK)
+        q = tl.minimum(tl.maximum(tl.div_rn(h, scale), -FMAX), FMAX)
+        cols = start + tl.arange(0, BLOCK)
+        tl.store(q_ptr + row * I + cols, q.to(tl.float8e4nv), mask=cols < I)
+
+
+@triton.jit
+def _swiglu_chunk_kernel(
+    x_ptr, x_stride, rs_ptr, cs_ptr, h_ptr, amax_ptr, I, C,
+    DTYPE: tl.constexpr, UNSCALED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One chunk of one row: SwiGLU in the model's dtype to ``h``, its largest magnitude to ``amax``."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    rs = 1.0
+    if UNSCALED:
+        rs = tl.load(rs_ptr + row)
+    start = chunk * BLOCK
+    h = _swiglu_block(x_ptr + row * x_stride, rs, cs_ptr, start, I, DTYPE, UNSCALED, BLOCK)
+    cols = start + tl.arange(0, BLOCK)
+    tl.store(h_ptr + row * I + cols, h.to(DTYPE), mask=cols < I)
+    tl.store(amax_ptr + row * C + chunk, tl.max(tl.abs(h), axis=0))
+
+
+@triton.jit
+def _quant_chunk_kernel(h_ptr, amax_ptr, q_ptr, s_ptr, I, C, CP: tl.constexpr, FMAX: tl.constexpr, BLOCK: tl.constexpr):
+    """One chunk of one row of ``h`` to FP8 with the row's scale, from its chunks' largest magnitudes."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    parts = tl.load(amax_ptr + row * C + tl.arange(0, CP), mask=tl.arange(0, CP) < C, other=0.0)
+    scale = tl.maximum(tl.max(parts, axis=0) / FMAX, 1e-12)
+    if chunk == 0:
+        tl.store(s_ptr + row, scale)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    h = tl.load(h_ptr + row * I + cols, mask=cols < I, other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(tl.div_rn(h, scale), -FMAX), FMAX)
+    tl.store(q_ptr + row * I + cols, q.to(tl.float8e4nv), mask=cols < I)
+
+
+# SwiGLU + quantization as one program per row (two passes over the row) up to this width; wider rows in
+# chunks of SPLIT_CHUNK columns, all rows and chunks at once, in two kernels through a scratch copy in the
+# model's dtype. One program per row was 34 us a layer at 256 rows of Qwen3-14B (17,408 columns; H200
+# profile): too few programs, each walking its row twice.
+ONE_PROGRAM_UP_TO = 4096
+SPLIT_CHUNK = 1024
+
+
+def silu_and_mul_quant(
+    x: torch.Tensor,
+    row_scale: torch.Tensor | None = None,
+    col_scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SwiGLU of ``x`` = ``[gate | up]`` ([M, 2I], rows contiguous), quantized per row for the next FP8
+    layer: ``(q [M, I], scale [M, 1])``, what ``quant_rows(silu_and_mul(x))`` gives. ``x`` is in the
+    model's dtype or an FP8 GEMM's product with its scales (as in ``rms_norm``)."""
+    m, n = x.shape
+    unscaled = row_scale is not None
+    dtype = dtype if unscaled else x.dtype
+    assert n % 2 == 0 and x.stride(-1) == 1
+    i = n // 2
+    q = torch.empty((m, i), dtype=FP8, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if not m:
+        return q, scale
+    rs, cs = (row_scale, col_scale) if unscaled else (x, x)
+    if i <= ONE_PROGRAM_UP_TO:
+        block = triton.next_power_of_2(i)
+        _swiglu_quant_kernel[(m,)](
+            x, x.stride(0), rs, cs, q, scale, i, DTYPE=TL_DTYPES[dtype], UNSCALED=unscaled, FMAX=FP8_MAX,
+            BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        )  # fmt: skip
+        return q, scale
+    chunks = triton.cdiv(i, SPLIT_CHUNK)
+    h = torch.empty((m, i), dtype=dtype, device=x.device)
+    amax = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
+    grid = (m, chunks)
+    _swiglu_chunk_kernel[grid](
+        x, x.stride(0), rs, cs, h, amax, i, chunks, DTYPE=TL_DTYPES[dtype], UNSCALED=unscaled, BLOCK=SPLIT_CHUNK
+    )
+    _quant_chunk_kernel[grid](
+        h, amax, q, scale, i, chunks, CP=triton.next_power_of_2(chunks), FMAX=FP8_MAX, BLOCK=SPLIT_CHUNK
+    )
+    return q, scale

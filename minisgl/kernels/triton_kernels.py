@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
 
 @triton.jit
 def _qk_norm_rope_kernel(
@@ -32,11 +34,17 @@ def _qk_norm_rope_kernel(
     qw_ptr,
     kw_ptr,
     eps,
+    rs_ptr,
+    cs_ptr,
+    v_ptr,
     H: tl.constexpr,
     KV: tl.constexpr,
     D: tl.constexpr,
     HP: tl.constexpr,
+    VP: tl.constexpr,
     NORM: tl.constexpr,
+    UNSCALED: tl.constexpr,
+    DTYPE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = D // 2
@@ -45,9 +53,21 @@ def _qk_norm_rope_kernel(
     valid = heads < H + KV
     src = qkv_ptr + t * qkv_stride + heads * D + d  # q heads then k heads, back to back in qkv
     x1 = tl.load(src, mask=valid, other=0.0)
+    x2 = tl.load(src + half, mask=valid, other=0.0)
+    if UNSCALED:  # an FP8 GEMM's float32 product (layers/fp8.py): its scales, rounded as the unfused pass does
+        rs = tl.load(rs_ptr + t)
+        x1 = (x1.to(tl.float32) * rs * tl.load(cs_ptr + heads * D + d, mask=valid, other=0.0)).to(DTYPE)
+        x2 = (x2.to(tl.float32) * rs * tl.load(cs_ptr + heads * D + half + d, mask=valid, other=0.0)).to(DTYPE)
+        vh = tl.arange(0, VP)[:, None]  # V's heads, after q's and k's
+        dv = tl.arange(0, D)[None, :]
+        vcol = (H + KV + vh) * D + dv
+        vkeep = vh < KV
+        v = tl.load(qkv_ptr + t * qkv_stride + vcol, mask=vkeep, other=0.0)
+        v = v.to(tl.float32) * rs * tl.load(cs_ptr + vcol, mask=vkeep, other=0.0)
+        tl.store(v_ptr + t * (KV * D) + vh * D + dv, v.to(DTYPE), mask=vkeep)
     dtype = x1.dtype
     x1 = x1.to(tl.float32)
-    x2 = tl.load(src + half, mask=valid, other=0.0).to(tl.float32)
+    x2 = x2.to(tl.float32)
     is_q = heads < H
     if NORM:  # per-head RMSNorm, rounded to the activation dtype like the unfused norm's output
         r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
@@ -79,34 +99,33 @@ def qk_norm_rope(
     q_weight: torch.Tensor | None = None,
     k_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    row_scale: torch.Tensor | None = None,
+    col_scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+):
     """``(q, k)`` as contiguous ``[tokens, heads, head_dim]``: the q and k parts of ``qkv``
     (``[tokens, (heads + 2 * kv_heads) * head_dim]``, rows may be strided), RMS-normalised per head
-    when weights are given, then rotated with the ``[cos | sin]`` table at ``positions``."""
+    when weights are given, then rotated with the ``[cos | sin]`` table at ``positions``.
+
+    With ``row_scale`` [tokens, 1] and ``col_scale`` [1, width], ``qkv`` is an FP8 GEMM's product
+    before its scales (``layers/fp8.py``'s ``Unscaled``, ``dtype`` the model's): the kernel applies them,
+    and returns ``(q, k, v)``, v scaled into a contiguous ``[tokens, kv_heads, head_dim]`` too."""
     n = qkv.shape[0]
-    q = torch.empty(n, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty(n, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    if n == 0:
-        return q, k
-    norm = q_weight is not None
-    _qk_norm_rope_kernel[(n,)](
-        qkv,
-        qkv.stride(0),
-        q,
-        k,
-        positions,
-        cos_sin,
-        cos_sin.stride(0),
-        q_weight if norm else cos_sin,
-        k_weight if norm else cos_sin,
-        eps,
-        H=num_heads,
-        KV=num_kv_heads,
-        D=head_dim,
-        HP=triton.next_power_of_2(num_heads + num_kv_heads),
-        NORM=norm,
-    )
-    return q, k
+    unscaled = row_scale is not None
+    dtype = dtype if unscaled else qkv.dtype
+    q = torch.empty(n, num_heads, head_dim, dtype=dtype, device=qkv.device)
+    k = torch.empty(n, num_kv_heads, head_dim, dtype=dtype, device=qkv.device)
+    v = torch.empty(n, num_kv_heads, head_dim, dtype=dtype, device=qkv.device) if unscaled else None
+    if n:
+        norm = q_weight is not None
+        _qk_norm_rope_kernel[(n,)](
+            qkv, qkv.stride(0), q, k, positions, cos_sin, cos_sin.stride(0),
+            q_weight if norm else cos_sin, k_weight if norm else cos_sin, eps,
+            row_scale if unscaled else qkv, col_scale if unscaled else qkv, v if unscaled else q,
+            H=num_heads, KV=num_kv_heads, D=head_dim, HP=triton.next_power_of_2(num_heads + num_kv_heads),
+            VP=triton.next_power_of_2(num_kv_heads), NORM=norm, UNSCALED=unscaled, DTYPE=TL_DTYPES[dtype],
+        )  # fmt: skip
+    return (q, k, v) if unscaled else (q, k)
 
 
 @triton.jit

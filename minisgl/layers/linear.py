@@ -8,12 +8,7 @@ decoder block pairs them: ``qkv`` (column) -> attention -> ``o_proj`` (row), and
 Each parameter carries a ``weight_loader(param, loaded, shard_id)`` that copies this rank's slice of
 a checkpoint tensor; ``loaded`` is a tensor or a lazy safetensors slice, sliced before reading.
 
-FP8 weights (``--quantization fp8``, :func:`quantize_fp8`): after loading, each layer's weight becomes
-float8_e4m3fn with one scale per output row (its largest magnitude / 448), and each input row is
-quantized the same way when it arrives (one scale per token): W8A8. On a Hopper GPU the product is
-one ``torch._scaled_mm`` (FP8 tensor cores, float32 accumulation); elsewhere the same quantized values
-are multiplied in the model's dtype (the weight's rounded copy kept beside the FP8 one), so the CPU
-measures the same rounding the GPU does.
+With ``--quantization fp8`` a layer's product is its ``fp8`` attribute's (``minisgl.layers.fp8``).
 """
 
 from __future__ import annotations
@@ -21,11 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_reduce, get_tp_info
-from minisgl.kernels import fp8_quant_fn
 from minisgl.kernels.small_linear import linear
 
 
@@ -43,68 +36,6 @@ def load_full(param: torch.Tensor, loaded: Any, shard_id: Any = None) -> None:
 
 def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
-
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
-
-
-def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` (2-D) as FP8 with one float32 scale per row: ``x ~= q * scale``."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
-# FP8 GEMM on Hopper, by the number of rows (benchmark/fp8_linear.py, one H200, Qwen3-14B's layers): up to
-# this many, cuBLASLt with unit scales and a rescaling pass (1.07-1.72x bf16 at 1-64 rows, where the
-# rowwise-scaled kernel is 0.70-1.28x; at 128-256 the two are close); above it, _scaled_mm with the per-row
-# and per-column scales (CUTLASS: 1.08-1.67x at 1,024-8,192 rows against 1.01-1.41x: the float32 product's
-# extra pass costs more there)
-CUBLASLT_UP_TO = 256
-
-
-class FP8Linear:
-    """The product of a layer whose weight was quantized by :func:`quantize_fp8`."""
-
-    def __init__(self, layer: nn.Module):
-        w = layer.weight.data
-        q, scale = fp8_rows(w)
-        self.dtype = w.dtype
-        layer.weight = nn.Parameter(q, requires_grad=False)
-        layer.weight_scale = scale.view(1, -1)  # [1, out]
-        # FP8 tensor cores: Hopper and later, with the sizes cuBLASLt takes
-        self.scaled_mm = w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
-        self.scaled_mm = self.scaled_mm and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0
-        self.emulated: torch.Tensor | None = None  # the rounded weight in the model's dtype, built once
-        self.one = torch.ones((), dtype=torch.float32, device=w.device)  # scaled_linear's unit scales
-
-    def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        # on a GPU with Triton (kernels/fp8_quant.py): the quantization in one kernel (bit-equal to
-        # fp8_rows); up to CUBLASLT_UP_TO rows the GEMM with scalar scales (cuBLASLt) and the two scales in
-        # one pass, above it the rowwise-scaled _scaled_mm
-        fused = fp8_quant_fn(x2) if self.scaled_mm and x2.stride(-1) == 1 else None
-        xq, xs = fused.quant_rows(x2) if fused is not None else fp8_rows(x2)
-        if fused is not None and x2.shape[0] <= CUBLASLT_UP_TO:
-            y = fused.scaled_linear(xq, xs, layer.weight.t(), layer.weight_scale, self.one, self.dtype)
-            return y.view(*shape[:-1], -1)
-        if self.scaled_mm:
-            y = torch._scaled_mm(xq, layer.weight.t(), xs, layer.weight_scale, out_dtype=self.dtype)
-        else:
-            if self.emulated is None:
-                self.emulated = (layer.weight.float() * layer.weight_scale.t()).to(self.dtype)
-            y = F.linear((xq.float() * xs).to(self.dtype), self.emulated)
-        return y.view(*shape[:-1], -1)
-
-
-def quantize_fp8(model: nn.Module) -> int:
-    """Quantize every column- and row-parallel layer's weight to FP8 in place (the embedding and the
-    LM head stay in the model's dtype); returns how many layers."""
-    layers = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-    for m in layers:
-        m.fp8 = FP8Linear(m)
-    return len(layers)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -134,7 +65,7 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"checkpoint slice {tuple(rows.shape)} != parameter slice {tuple(dst.shape)}")
         dst.copy_(rows)
 
-    fp8: FP8Linear | None = None
+    fp8: Any = None  # an FP8Linear once layers/fp8.quantize_fp8 ran
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8 is not None:
@@ -194,7 +125,7 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"checkpoint slice {tuple(cols.shape)} != parameter shape {tuple(param.shape)}")
         param.data.copy_(cols)
 
-    fp8: FP8Linear | None = None
+    fp8: Any = None  # an FP8Linear once layers/fp8.quantize_fp8 ran
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = all_reduce(linear(x, self.weight) if self.fp8 is None else self.fp8(self, x))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from minisgl.kernels import fused_ops, triton_ops
+from minisgl.layers import fp8
 from minisgl.registry import Registry
 
 
@@ -90,22 +91,26 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return self.impl.rotate(q, cos, sin), self.impl.rotate(k, cos, sin)
 
-    def rotate_qkv(
-        self, positions: torch.Tensor, qkv: torch.Tensor, heads: int, kv_heads: int, q_norm=None, k_norm=None
-    ):
+    def rotate_qkv(self, positions: torch.Tensor, qkv, heads: int, kv_heads: int, q_norm=None, k_norm=None):
         """q and k out of a fused projection ``[tokens, (heads + 2 * kv_heads) * head_dim]``, each
-        normed per head first when ``q_norm``/``k_norm`` are given (Qwen3), then rotated. Returns
-        ``q [tokens, heads, head_dim]`` and ``k [tokens, kv_heads, head_dim]``. On a GPU, one Triton
-        kernel does it all, but only when every part is the engine's own."""
+        normed per head first when ``q_norm``/``k_norm`` are given (Qwen3), then rotated, and v. Returns
+        ``q [tokens, heads, head_dim]``, ``k`` and ``v [tokens, kv_heads, head_dim]``. On a GPU, one Triton
+        kernel does it all, but only when every part is the engine's own; it also takes an FP8 layer's
+        output before its scales (``layers/fp8.py``'s ``Unscaled``) and applies them."""
         d = self.head_dim
         own_norms = q_norm is None or (q_norm.fusable and k_norm.fusable)
-        tri = triton_ops(qkv) if self.fusable and own_norms else None
+        src = qkv.acc if isinstance(qkv, fp8.Unscaled) else qkv
+        tri = triton_ops(src) if self.fusable and own_norms else None
         if tri is not None and tri.can_fuse(d):
             qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
             eps = q_norm.eps if q_norm is not None else 0.0
-            return tri.qk_norm_rope(qkv, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps)
-        q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+            if isinstance(qkv, fp8.Unscaled):
+                scales = (qkv.row_scale, qkv.col_scale, qkv.dtype)
+                return tri.qk_norm_rope(qkv.acc, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales)
+            q, k = tri.qk_norm_rope(qkv, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps)
+            return q, k, qkv[:, (heads + kv_heads) * d :].view(-1, kv_heads, d)
+        q, k, v = fp8.materialize(qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
         q, k = q.view(-1, heads, d), k.view(-1, kv_heads, d)
         if q_norm is not None:
             q, k = q_norm(q), k_norm(k)
-        return self(positions, q, k)
+        return *self(positions, q, k), v.view(-1, kv_heads, d)

@@ -115,9 +115,9 @@ class DecoderForCausalLM(nn.Module):
 
     def fuse_fp8(self) -> int:
         """After ``quantize_fp8``: let the kernels around each FP8 layer quantize its input and apply its
-        output's scales (``layers/fp8.py``), so neither takes a pass of its own. Only the engine's own norm
-        and SwiGLU fuse (a swapped-in one runs the unfused path); a row-parallel layer over several ranks
-        hands its all-reduce a real tensor. Returns how many layers' passes were fused away."""
+        output's scales (``layers/fp8.py``), so neither takes a pass of its own. Only the engine's own norm,
+        rotary and SwiGLU fuse (a swapped-in one gets a plain tensor); a row-parallel layer over several
+        ranks hands its all-reduce a real tensor. Returns how many passes were fused away."""
         fused, tp = 0, get_tp_info().size
         blocks = self.model.layers
         for i, block in enumerate(blocks):

@@ -55,12 +55,10 @@ def calibrate_kv_scales(engine, ids: list[int]) -> None:
     pages through a request-table row that is returned after. Call it at load, before any request
     (and before CUDA graphs: their passes would store too)."""
     pool, table, device = engine.kv_pool, engine.table, engine.device
-    p = pool.page_size
-    if len(ids) > pool.num_pages * p:  # a pool this small still starts: its scales come from what fits
-        logger.warning(
-            "the KV pool holds %d of the %d calibration tokens: calibrating on those", pool.num_pages * p, len(ids)
-        )
-        ids = ids[: pool.num_pages * p]
+    p, room = pool.page_size, pool.num_pages * pool.page_size
+    if len(ids) > room:  # a pool this small still starts: its scales come from what fits
+        logger.warning("the KV pool holds %d of the %d calibration tokens: calibrating on those", room, len(ids))
+        ids = ids[:room]
     n = len(ids)
     pages = -(-n // p)
     row = table.alloc_row()

@@ -30,6 +30,18 @@ FP8_MAX = float(torch.finfo(FP8).max)
 
 
 @triton.jit
+def _fp8_scale(amax, FMAX: tl.constexpr):
+    """A row's scale from its largest magnitude, as ``fp8_rows``: ``(amax / 448).clamp(min=1e-12)``."""
+    return tl.maximum(amax / FMAX, 1e-12)
+
+
+@triton.jit
+def _to_fp8(x, scale, FMAX: tl.constexpr):
+    """``x / scale`` (the IEEE division) saturated to FP8's range and rounded to it, as ``fp8_rows``."""
+    return tl.minimum(tl.maximum(tl.div_rn(x, scale), -FMAX), FMAX).to(tl.float8e4nv)
+
+
+@triton.jit
 def _quant_rows_kernel(x_ptr, x_stride, q_ptr, s_ptr, K, FMAX: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     src = x_ptr + row * x_stride
@@ -38,14 +50,13 @@ def _quant_rows_kernel(x_ptr, x_stride, q_ptr, s_ptr, K, FMAX: tl.constexpr, BLO
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(src + cols, mask=cols < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0) / FMAX, 1e-12)  # fp8_rows: (amax / 448).clamp(min=1e-12)
+    scale = _fp8_scale(tl.max(amax, axis=0), FMAX)
     tl.store(s_ptr + row, scale)
     dst = q_ptr + row * K
     for start in range(0, K, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(src + cols, mask=cols < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -FMAX), FMAX)
-        tl.store(dst + cols, q.to(tl.float8e4nv), mask=cols < K)
+        tl.store(dst + cols, _to_fp8(x, scale, FMAX), mask=cols < K)
 
 
 def quant_rows(
@@ -107,16 +118,6 @@ def can_norm(width: int) -> bool:
 
 
 @triton.jit
-def _quantize_row(y, q_ptr, s_ptr, row, cols, keep, FMAX: tl.constexpr):
-    """Store one whole row ``y`` (float32, rounded to the model's dtype) as FP8 with its scale, as
-    ``quant_rows`` would."""
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FMAX, 1e-12)
-    tl.store(s_ptr + row, scale)
-    q = tl.minimum(tl.maximum(tl.div_rn(y, scale), -FMAX), FMAX)
-    tl.store(q_ptr + cols, q.to(tl.float8e4nv), mask=keep)
-
-
-@triton.jit
 def _norm_kernel(
     x_ptr,
     x_stride,
@@ -148,8 +149,10 @@ def _norm_kernel(
         tl.store(res_ptr + row * res_stride + cols, h.to(DTYPE), mask=keep)
     r = tl.rsqrt(tl.sum(h * h, axis=0) / N + eps)
     y = (h * r * tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)).to(DTYPE)
-    if QUANT:
-        _quantize_row(y.to(tl.float32), out_ptr + row * N, os_ptr, row, cols, keep, FMAX)
+    if QUANT:  # the whole row is in registers: its scale, then its FP8 values, as quant_rows would
+        scale = _fp8_scale(tl.max(tl.abs(y.to(tl.float32)), axis=0), FMAX)
+        tl.store(os_ptr + row, scale)
+        tl.store(out_ptr + row * N + cols, _to_fp8(y.to(tl.float32), scale, FMAX), mask=keep)
     else:
         tl.store(out_ptr + row * N + cols, y, mask=keep)
 
@@ -215,13 +218,12 @@ def _swiglu_quant_kernel(
     amax = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, I, BLOCK):  # the row's largest magnitude first; the second pass recomputes
         amax = tl.maximum(amax, tl.abs(_swiglu_block(src, rs, cs_ptr, start, I, DTYPE, UNSCALED, BLOCK)))
-    scale = tl.maximum(tl.max(amax, axis=0) / FMAX, 1e-12)
+    scale = _fp8_scale(tl.max(amax, axis=0), FMAX)
     tl.store(s_ptr + row, scale)
     for start in range(0, I, BLOCK):
         h = _swiglu_block(src, rs, cs_ptr, start, I, DTYPE, UNSCALED, BLOCK)
-        q = tl.minimum(tl.maximum(tl.div_rn(h, scale), -FMAX), FMAX)
         cols = start + tl.arange(0, BLOCK)
-        tl.store(q_ptr + row * I + cols, q.to(tl.float8e4nv), mask=cols < I)
+        tl.store(q_ptr + row * I + cols, _to_fp8(h, scale, FMAX), mask=cols < I)
 
 
 @triton.jit
@@ -248,13 +250,12 @@ def _quant_chunk_kernel(h_ptr, amax_ptr, q_ptr, s_ptr, I, C, CP: tl.constexpr, F
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     parts = tl.load(amax_ptr + row * C + tl.arange(0, CP), mask=tl.arange(0, CP) < C, other=0.0)
-    scale = tl.maximum(tl.max(parts, axis=0) / FMAX, 1e-12)
+    scale = _fp8_scale(tl.max(parts, axis=0), FMAX)
     if chunk == 0:
         tl.store(s_ptr + row, scale)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     h = tl.load(h_ptr + row * I + cols, mask=cols < I, other=0.0).to(tl.float32)
-    q = tl.minimum(tl.maximum(tl.div_rn(h, scale), -FMAX), FMAX)
-    tl.store(q_ptr + row * I + cols, q.to(tl.float8e4nv), mask=cols < I)
+    tl.store(q_ptr + row * I + cols, _to_fp8(h, scale, FMAX), mask=cols < I)
 
 
 # SwiGLU + quantization as one program per row (two passes over the row) up to this width; wider rows in

@@ -75,6 +75,12 @@ def materialize(x):
     return x.materialize() if isinstance(x, Unscaled) else x
 
 
+def kernel_args(x) -> tuple:
+    """``(tensor, row_scale, col_scale, dtype)``, what the fused kernels take: an ``Unscaled``'s fields,
+    or a plain tensor with no scales (the kernels then read it as the model's values)."""
+    return (x.acc, x.row_scale, x.col_scale, x.dtype) if isinstance(x, Unscaled) else (x, None, None, None)
+
+
 # FP8 GEMM on Hopper, by the number of rows (benchmark/fp8_linear.py, one H200, Qwen3-14B's layers): up to
 # this many, cuBLASLt with unit scales and the scales applied after (1.07-1.72x bf16 at 1-64 rows, where the
 # rowwise-scaled kernel is 0.70-1.28x; at 128-256 the two are close); above it, _scaled_mm with the per-row
@@ -143,14 +149,11 @@ def rms_norm(norm: nn.Module, x, residual: torch.Tensor | None, quantize: bool):
     """``norm`` (an RMSNorm, the engine's own math) of ``x`` (a tensor or ``Unscaled``), after adding
     ``residual`` in place as RMSNorm does; the output quantized for the next FP8 layer when ``quantize``.
     One Triton kernel; None where it cannot run (the caller then runs the unfused path)."""
-    src = x.acc if isinstance(x, Unscaled) else x
+    src, *scales = kernel_args(x)
     fused = fp8_quant_fn(src)
     if fused is None or src.dim() != 2 or src.stride(-1) != 1 or not fused.can_norm(src.shape[-1]):
         return None
-    if isinstance(x, Unscaled):
-        out = fused.rms_norm(x.acc, norm.weight, norm.eps, residual, x.row_scale, x.col_scale, x.dtype, quantize)
-    else:
-        out = fused.rms_norm(x, norm.weight, norm.eps, residual, quantize=quantize)
+    out = fused.rms_norm(src, norm.weight, norm.eps, residual, *scales, quantize=quantize)
     y = QuantRows(*out) if quantize else out
     return y if residual is None else (y, residual)
 
@@ -158,10 +161,8 @@ def rms_norm(norm: nn.Module, x, residual: torch.Tensor | None, quantize: bool):
 def silu_and_mul_quant(x) -> QuantRows | None:
     """SwiGLU of a fused ``[gate | up]`` projection (a tensor or ``Unscaled``), quantized for ``down``:
     one Triton kernel, or None where it cannot run."""
-    src = x.acc if isinstance(x, Unscaled) else x
+    src, *scales = kernel_args(x)
     fused = fp8_quant_fn(src)
     if fused is None or src.dim() != 2 or src.stride(-1) != 1:
         return None
-    if isinstance(x, Unscaled):
-        return QuantRows(*fused.silu_and_mul_quant(x.acc, x.row_scale, x.col_scale, x.dtype))
-    return QuantRows(*fused.silu_and_mul_quant(x))
+    return QuantRows(*fused.silu_and_mul_quant(src, *scales))

@@ -99,16 +99,15 @@ class RotaryEmbedding(nn.Module):
         output before its scales (``layers/fp8.py``'s ``Unscaled``) and applies them."""
         d = self.head_dim
         own_norms = q_norm is None or (q_norm.fusable and k_norm.fusable)
-        src = qkv.acc if isinstance(qkv, fp8.Unscaled) else qkv
+        src, *scales = fp8.kernel_args(qkv)
         tri = triton_ops(src) if self.fusable and own_norms else None
         if tri is not None and tri.can_fuse(d):
             qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
             eps = q_norm.eps if q_norm is not None else 0.0
-            if isinstance(qkv, fp8.Unscaled):
-                scales = (qkv.row_scale, qkv.col_scale, qkv.dtype)
-                return tri.qk_norm_rope(qkv.acc, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales)
-            q, k = tri.qk_norm_rope(qkv, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps)
-            return q, k, qkv[:, (heads + kv_heads) * d :].view(-1, kv_heads, d)
+            out = tri.qk_norm_rope(src, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales)
+            if isinstance(qkv, fp8.Unscaled):  # the kernel scaled V out of the product too
+                return out
+            return *out, qkv[:, (heads + kv_heads) * d :].view(-1, kv_heads, d)
         q, k, v = fp8.materialize(qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
         q, k = q.view(-1, heads, d), k.view(-1, kv_heads, d)
         if q_norm is not None:

@@ -111,7 +111,7 @@ def test_norm_kernel_matches_torch(dtype, source, residual, quantize):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("source", ["tensor", "unscaled"])
 def test_swiglu_quant_kernel_matches_torch(source, dtype):
-    """SwiGLU quantized for ``down``: up to 4,096 columns one program a row (two passes over the row),
+    """SwiGLU quantized for ``down``: up to 4,096 columns one program a row (the row held whole),
     wider rows in chunks of 1,024 (two kernels): widths inside one block, at it and across it, the
     row's largest value in its last chunk (the row's scale must cover every chunk)."""
     g = torch.Generator().manual_seed(1)

@@ -21,7 +21,7 @@ def flag(raw: str) -> bool:
     return raw.strip().lower() not in ("", "0", "false", "no", "off")
 
 
-KV_STORES = ("rope", "tvm_ffi", "triton", "torch")
+KV_STORES = ("tvm_ffi", "triton", "torch")
 
 
 CPU_ISAS = ("avx512", "avx2", "portable")  # minisgl.kernels.jit.ISAS
@@ -69,13 +69,7 @@ VARS: tuple[Var, ...] = (
         cpu_isa,
         "C++ CPU kernels: avx512, avx2 or portable (default: the widest this CPU runs; a narrower one tests its code)",
     ),
-    Var(
-        "KV_STORE",
-        "rope",
-        kv_store,
-        "GPU K/V store: rope (written by the q/k norm + rope kernel, else as tvm_ffi), tvm_ffi (CUDA through "
-        "TVM FFI), triton or torch",
-    ),
+    Var("KV_STORE", "tvm_ffi", kv_store, "GPU K/V store: tvm_ffi (CUDA through TVM FFI), triton or torch"),
     Var("CACHE_DIR", None, str, "where the embedded model is converted to (once)"),
     Var("VLLM_PYTHON", None, str, "benchmarks: the interpreter of an environment with vLLM (--engine vllm)"),
     Var("SHELL_MAX_TOKENS", 512, int, "shell: tokens per answer"),

@@ -160,37 +160,6 @@ def test_qk_norm_rope_applies_an_fp8_layers_scales(norm):
     assert torch.equal(v, qkv[:, (h + kv) * d :].reshape(n, kv, d))
 
 
-@pytest.mark.parametrize("source", ["tensor", "unscaled"])
-def test_qk_norm_rope_writes_k_and_v_into_the_pool_slots(source):
-    """Given the pool's slots and each token's slot, the q/k norm + rope kernel writes k and v there
-    (what the pool's store would have written: the same k, v bit for bit) and q as without; slots no
-    token names stay as they were."""
-    from minisgl.kernels import triton_kernels
-    from minisgl.layers import RotaryEmbedding
-
-    g = torch.Generator().manual_seed(5)
-    h, kv, d, n = 6, 3, 64, 5
-    u = random_unscaled(n, (h + 2 * kv) * d, torch.bfloat16, g) if source == "unscaled" else None
-    qkv = u.materialize() if u is not None else torch.randn(n, (h + 2 * kv) * d, generator=g).to(DEVICE, torch.bfloat16)
-    pos = torch.randint(0, 100, (n,), generator=g).to(DEVICE)
-    rot = RotaryEmbedding(d, 128, 1e4).to(DEVICE)
-    w = tuple((torch.rand(d, generator=g) + 0.5).to(DEVICE, torch.bfloat16) for _ in range(2))
-    args = (pos, rot.cos_sin, h, kv, d, *w, 1e-6)
-    want_q, want_k = triton_kernels.qk_norm_rope(qkv, *args)
-    want_v = qkv[:, (h + kv) * d :].reshape(n, kv, d)
-    slots = 12
-    k_slots = torch.full((slots, kv, d), 7.0, dtype=torch.bfloat16, device=DEVICE)
-    v_slots = torch.full((slots, kv, d), -7.0, dtype=torch.bfloat16, device=DEVICE)
-    loc = torch.tensor([9, 0, 4, 11, 5], device=DEVICE)
-    src = (u.acc, *args, u.row_scale, u.col_scale, u.dtype) if u is not None else (qkv, *args)
-    q, k, v = triton_kernels.qk_norm_rope(*src, kv_dest=(k_slots, v_slots, loc))
-    assert k is None and v is None and torch.equal(q, want_q)
-    assert torch.equal(k_slots[loc], want_k) and torch.equal(v_slots[loc], want_v)
-    rest = torch.ones(slots, dtype=torch.bool)
-    rest[loc.cpu()] = False
-    assert (k_slots[rest] == 7.0).all() and (v_slots[rest] == -7.0).all()
-
-
 def test_fused_decoder_layer_equals_the_unfused_one(monkeypatch):
     """One FP8 decoder layer in float32 (no rounding to tell the paths apart), with its neighbours' fused
     kernels (``fuse_fp8``: the norms quantize, SwiGLU quantizes, o_proj / gate_up / down leave their
@@ -232,7 +201,6 @@ def test_fused_decoder_layer_equals_the_unfused_one(monkeypatch):
     x = torch.randn(5, 64, device=DEVICE)
     res = torch.randn(5, 64, device=DEVICE)
     block.self_attn.attn.forward = lambda q, k, v: q  # attention itself is not this test's subject
-    block.self_attn.attn.kv_destination = lambda: None
     pos = torch.arange(5, device=DEVICE)
     plain = block(pos, x.clone(), res.clone())
     block.input_layernorm.quantize = block.post_attention_layernorm.quantize = block.mlp.quantize_act = True

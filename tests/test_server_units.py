@@ -178,8 +178,8 @@ def test_environment_is_read_in_one_place():
         Env({"MINISGL_SHELL_TOP_K": "x"})
     lax = Env({"MINISGL_SHELL_TOP_K": "x"}, strict=False)
     assert lax.shell_top_k == -1 and "MINISGL_SHELL_TOP_K" in lax.errors[0]
-    assert Env({"MINISGL_KV_STORE": "Triton"}).kv_store == "triton" and Env({}).kv_store == "rope"
-    with pytest.raises(ValueError, match="MINISGL_KV_STORE='cutlass': expected one of rope, tvm_ffi, triton, torch"):
+    assert Env({"MINISGL_KV_STORE": "Triton"}).kv_store == "triton" and Env({}).kv_store == "tvm_ffi"
+    with pytest.raises(ValueError, match="MINISGL_KV_STORE='cutlass': expected one of tvm_ffi, triton, torch"):
         Env({"MINISGL_KV_STORE": "cutlass"})
     readme = (root / "README.md").read_text()
     assert all(v.env_name in readme for v in VARS), "the engine manual's environment table lists every variable"

@@ -7,9 +7,7 @@ A backend is created once per engine with the KV pool and the request table, who
 Per batch the engine calls ``prepare_metadata(batch)`` once; every layer then calls
 ``forward(q, k, v, layer_id, batch)``, which must
 
-1. store the new ``k``/``v`` (``[num_tokens, kv_heads, head_dim]``) at slots ``batch.out_loc`` (unless
-   they are None: a backend whose ``kv_destination`` names the pool's slots may get them stored already,
-   by the kernel that made them), and
+1. store the new ``k``/``v`` (``[num_tokens, kv_heads, head_dim]``) at slots ``batch.out_loc``, and
 2. return causal attention of ``q`` (``[num_tokens, heads, head_dim]``) over positions
    ``[0, ends[i])`` of each request ``i`` — the cached prefix plus the tokens of this pass —
    as ``[num_tokens, heads * head_dim]``.
@@ -44,14 +42,8 @@ class AttentionBackend(ABC):
         """Build ``batch.attn_metadata`` (index tensors, kernel plans). Runs once per batch."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int, batch: Batch):
-        """Store k/v of the new tokens (None: stored already), then attend; see the module docstring."""
-
-    def kv_destination(self, layer_id: int, batch: Batch):
-        """``(k_slots, v_slots, out_loc)`` of this layer, for a kernel that can write the new k and v
-        straight into the pool (then ``forward`` gets None for them), or None: ``forward`` stores them. A
-        backend that attends over the pool only (not over the fresh k/v) may offer it."""
-        return None
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch):
+        """Store k/v of the new tokens, then attend; see the module docstring."""
 
     # ---- CUDA graphs (decode only) ----
     def init_cuda_graph(self, max_bs: int) -> None:

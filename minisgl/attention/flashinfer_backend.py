@@ -149,15 +149,8 @@ class FlashInferBackend(AttentionBackend):
             self._plan(self.prefill_wrapper, qo_indptr, rows, batch.ends)
             batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper)
 
-    def kv_destination(self, layer_id: int, batch: Batch):
-        # the kernels read K/V from the pool only; an FP8 pool's store quantizes (jit_store), so not here
-        if ENV.kv_store != "rope" or self.pool.quantized:
-            return None
-        return self.pool.k_slots(layer_id), self.pool.v_slots(layer_id), batch.out_loc
-
     def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
-        if k is not None:
-            self.pool.store(layer_id, batch.out_loc, k, v)
+        self.pool.store(layer_id, batch.out_loc, k, v)
         kv = (self.pool.k_cache(layer_id), self.pool.v_cache(layer_id))
         # an FP8 pool's per-head scales (KVPool): on the queries before, on the output after
         out = batch.attn_metadata.wrapper.run(self.pool.scale_queries(layer_id, q), kv)

@@ -22,9 +22,6 @@ class HybridBackend(AttentionBackend):
     def forward(self, q, k, v, layer_id: int, batch: Batch):
         return self._pick(batch).forward(q, k, v, layer_id, batch)
 
-    def kv_destination(self, layer_id: int, batch: Batch):
-        return self._pick(batch).kv_destination(layer_id, batch)
-
     def init_cuda_graph(self, max_bs: int) -> None:
         self.decode.init_cuda_graph(max_bs)
 

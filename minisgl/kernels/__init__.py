@@ -76,7 +76,7 @@ def kv_store_fn(k: torch.Tensor, v: torch.Tensor, head_dim: int, cache_dtype: to
     convert = cache_dtype is not None and cache_dtype != k.dtype
     if convert and (cache_dtype != torch.float8_e4m3fn or k.dtype not in (torch.bfloat16, torch.float16)):
         return None
-    if ENV.kv_store in ("rope", "tvm_ffi"):  # rope: a store the rotary kernel did not do
+    if ENV.kv_store == "tvm_ffi":
         from minisgl.kernels import jit_store
 
         if jit_store.available():

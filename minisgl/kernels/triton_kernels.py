@@ -4,8 +4,7 @@ A decode step of a small model is bound by kernel count, not by arithmetic: each
 few microseconds however little it does. These kernels each replace several:
 
 ``qk_norm_rope``  q/k RMSNorm (Qwen3) + rotary, reading q and k straight out of the fused qkv
-                  projection: one kernel instead of two copies, two norms and one rope; given
-                  the KV pool's slots, it writes K and V there too (no store kernel of its own).
+                  projection: one kernel instead of two copies, two norms and one rope.
 ``store_kv``      K and V of the new tokens into their pool slots: one kernel instead of two scatters.
 ``sample``        temperature sampling by inverse CDF, with the counter-based uniform of
                   ``minisgl.engine.sample``: two kernels instead of about thirty.
@@ -38,7 +37,6 @@ def _qk_norm_rope_kernel(
     rs_ptr,
     cs_ptr,
     v_ptr,
-    loc_ptr,
     H: tl.constexpr,
     KV: tl.constexpr,
     D: tl.constexpr,
@@ -46,13 +44,9 @@ def _qk_norm_rope_kernel(
     VP: tl.constexpr,
     NORM: tl.constexpr,
     UNSCALED: tl.constexpr,
-    STORE: tl.constexpr,
     DTYPE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    row = t  # of the k and v outputs: token t's own, or its KV slot in the pool
-    if STORE:
-        row = tl.load(loc_ptr + t).to(tl.int64)
     half: tl.constexpr = D // 2
     heads = tl.arange(0, HP)[:, None]
     d = tl.arange(0, half)[None, :]
@@ -64,15 +58,13 @@ def _qk_norm_rope_kernel(
         rs = tl.load(rs_ptr + t)
         x1 = (x1.to(tl.float32) * rs * tl.load(cs_ptr + heads * D + d, mask=valid, other=0.0)).to(DTYPE)
         x2 = (x2.to(tl.float32) * rs * tl.load(cs_ptr + heads * D + half + d, mask=valid, other=0.0)).to(DTYPE)
-    if UNSCALED or STORE:  # V too: scaled out of the product, or copied into the pool
         vh = tl.arange(0, VP)[:, None]  # V's heads, after q's and k's
         dv = tl.arange(0, D)[None, :]
         vcol = (H + KV + vh) * D + dv
         vkeep = vh < KV
         v = tl.load(qkv_ptr + t * qkv_stride + vcol, mask=vkeep, other=0.0)
-        if UNSCALED:
-            v = v.to(tl.float32) * rs * tl.load(cs_ptr + vcol, mask=vkeep, other=0.0)
-        tl.store(v_ptr + row * (KV * D) + vh * D + dv, v.to(DTYPE), mask=vkeep)
+        v = v.to(tl.float32) * rs * tl.load(cs_ptr + vcol, mask=vkeep, other=0.0)
+        tl.store(v_ptr + t * (KV * D) + vh * D + dv, v.to(DTYPE), mask=vkeep)
     dtype = x1.dtype
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
@@ -92,7 +84,7 @@ def _qk_norm_rope_kernel(
     tl.store(q_dst, o1, mask=is_q)
     tl.store(q_dst + half, o2, mask=is_q)
     is_k = (heads >= H) & valid
-    k_dst = k_ptr + row * (KV * D) + (heads - H) * D + d
+    k_dst = k_ptr + t * (KV * D) + (heads - H) * D + d
     tl.store(k_dst, o1, mask=is_k)
     tl.store(k_dst + half, o2, mask=is_k)
 
@@ -110,7 +102,6 @@ def qk_norm_rope(
     row_scale: torch.Tensor | None = None,
     col_scale: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
-    kv_dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ):
     """``(q, k)`` as contiguous ``[tokens, heads, head_dim]``: the q and k parts of ``qkv``
     (``[tokens, (heads + 2 * kv_heads) * head_dim]``, rows may be strided), RMS-normalised per head
@@ -118,35 +109,22 @@ def qk_norm_rope(
 
     With ``row_scale`` [tokens, 1] and ``col_scale`` [1, width], ``qkv`` is an FP8 GEMM's product
     before its scales (``layers/fp8.py``'s ``Unscaled``, ``dtype`` the model's): the kernel applies them,
-    and returns ``(q, k, v)``, v scaled into a contiguous ``[tokens, kv_heads, head_dim]`` too.
-
-    With ``kv_dest = (k_slots, v_slots, loc)`` (a KV pool's slots ``[slots, kv_heads, head_dim]`` in the
-    model's dtype, ``loc`` [tokens] the slot of each token), k and v go into the pool at ``loc`` instead,
-    the K/V store done on the way: returns ``(q, None, None)``."""
+    and returns ``(q, k, v)``, v scaled into a contiguous ``[tokens, kv_heads, head_dim]`` too."""
     n = qkv.shape[0]
     unscaled = row_scale is not None
     dtype = dtype if unscaled else qkv.dtype
     q = torch.empty(n, num_heads, head_dim, dtype=dtype, device=qkv.device)
-    if kv_dest is not None:
-        k, v, loc = kv_dest
-        for slots in (k, v):
-            assert slots.dtype == dtype and slots.is_contiguous() and slots.shape[1:] == (num_kv_heads, head_dim)
-    else:
-        k = torch.empty(n, num_kv_heads, head_dim, dtype=dtype, device=qkv.device)
-        v = torch.empty(n, num_kv_heads, head_dim, dtype=dtype, device=qkv.device) if unscaled else None
+    k = torch.empty(n, num_kv_heads, head_dim, dtype=dtype, device=qkv.device)
+    v = torch.empty(n, num_kv_heads, head_dim, dtype=dtype, device=qkv.device) if unscaled else None
     if n:
         norm = q_weight is not None
         _qk_norm_rope_kernel[(n,)](
             qkv, qkv.stride(0), q, k, positions, cos_sin, cos_sin.stride(0),
             q_weight if norm else cos_sin, k_weight if norm else cos_sin, eps,
-            row_scale if unscaled else qkv, col_scale if unscaled else qkv, q if v is None else v,
-            positions if kv_dest is None else kv_dest[2],
+            row_scale if unscaled else qkv, col_scale if unscaled else qkv, v if unscaled else q,
             H=num_heads, KV=num_kv_heads, D=head_dim, HP=triton.next_power_of_2(num_heads + num_kv_heads),
-            VP=triton.next_power_of_2(num_kv_heads), NORM=norm, UNSCALED=unscaled, STORE=kv_dest is not None,
-            DTYPE=TL_DTYPES[dtype],
+            VP=triton.next_power_of_2(num_kv_heads), NORM=norm, UNSCALED=unscaled, DTYPE=TL_DTYPES[dtype],
         )  # fmt: skip
-    if kv_dest is not None:
-        return q, None, None
     return (q, k, v) if unscaled else (q, k)
 
 

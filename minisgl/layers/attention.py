@@ -14,13 +14,6 @@ class AttentionLayer(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
 
-    def kv_destination(self):
-        """Where this pass's k and v may be written by the kernel that makes them (the q/k norm + rope
-        kernel), ``(k_slots, v_slots, loc)``; None when the backend stores them itself."""
-        ctx = get_ctx()
-        return ctx.attn_backend.kv_destination(self.layer_id, ctx.batch)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
-        """``k`` and ``v`` None: already in the pool at ``kv_destination()``."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_ctx()
         return ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)

@@ -91,27 +91,21 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return self.impl.rotate(q, cos, sin), self.impl.rotate(k, cos, sin)
 
-    def rotate_qkv(
-        self, positions: torch.Tensor, qkv, heads: int, kv_heads: int, q_norm=None, k_norm=None, kv_dest=None
-    ):
+    def rotate_qkv(self, positions: torch.Tensor, qkv, heads: int, kv_heads: int, q_norm=None, k_norm=None):
         """q and k out of a fused projection ``[tokens, (heads + 2 * kv_heads) * head_dim]``, each
         normed per head first when ``q_norm``/``k_norm`` are given (Qwen3), then rotated, and v. Returns
         ``q [tokens, heads, head_dim]``, ``k`` and ``v [tokens, kv_heads, head_dim]``. On a GPU, one Triton
         kernel does it all, but only when every part is the engine's own; it also takes an FP8 layer's
-        output before its scales (``layers/fp8.py``'s ``Unscaled``) and applies them, and, given
-        ``kv_dest`` (``AttentionLayer.kv_destination``), writes k and v into the KV pool itself: then k and
-        v come back as None (stored). Without that kernel they come back whatever ``kv_dest``."""
+        output before its scales (``layers/fp8.py``'s ``Unscaled``) and applies them."""
         d = self.head_dim
         own_norms = q_norm is None or (q_norm.fusable and k_norm.fusable)
         src, *scales = fp8.kernel_args(qkv)
         tri = triton_ops(src) if self.fusable and own_norms else None
         if tri is not None and tri.can_fuse(d):
-            if kv_dest is not None and kv_dest[0].dtype != (scales[2] or src.dtype):
-                kv_dest = None  # a pool in another dtype: the backend's store converts
             qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
             eps = q_norm.eps if q_norm is not None else 0.0
-            out = tri.qk_norm_rope(src, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales, kv_dest)
-            if len(out) == 3:  # the kernel stored k and v, or scaled V out of an FP8 product
+            out = tri.qk_norm_rope(src, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales)
+            if isinstance(qkv, fp8.Unscaled):  # the kernel scaled V out of the product too
                 return out
             return *out, qkv[:, (heads + kv_heads) * d :].view(-1, kv_heads, d)
         q, k, v = fp8.materialize(qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)

@@ -35,8 +35,7 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         norms = (self.q_norm, self.k_norm) if self.qk_norm else ()
-        dest = self.attn.kv_destination()  # the rotary kernel stores k and v there when it can
-        q, k, v = self.rotary[0].rotate_qkv(positions, qkv, self.num_heads, self.num_kv_heads, *norms, kv_dest=dest)
+        q, k, v = self.rotary[0].rotate_qkv(positions, qkv, self.num_heads, self.num_kv_heads, *norms)
         o = self.attn(q, k, v)
         return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
 

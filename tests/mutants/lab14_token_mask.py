@@ -315,13 +315,20 @@ EQUIVALENT = Mutant(
             "            out.append(i)\n"
             "    return out\n",
             "    stops = set(stop_ids)\n"
-            "    trie: dict = {}  # byte -> child; the key None holds the ids that end there\n"
-            "    for i, data in enumerate(vocab):\n"
-            "        if data and i not in stops:\n"
-            "            node = trie\n"
-            "            for b in data:\n"
-            "                node = node.setdefault(b, {})\n"
-            "            node.setdefault(None, []).append(i)\n"
+            "    # one trie per vocabulary and stop set, built on the first call; the vocabulary is kept with it,\n"
+            "    # so its id cannot be reused by another list while the entry lives\n"
+            "    tries = globals().setdefault('_TRIES', {})\n"
+            "    key = (id(vocab), len(vocab), frozenset(stops))\n"
+            "    if key not in tries or tries[key][0] is not vocab:\n"
+            "        trie: dict = {}  # byte -> child; the key None holds the ids that end there\n"
+            "        for i, data in enumerate(vocab):\n"
+            "            if data and i not in stops:\n"
+            "                node = trie\n"
+            "                for b in data:\n"
+            "                    node = node.setdefault(b, {})\n"
+            "                node.setdefault(None, []).append(i)\n"
+            "        tries[key] = (vocab, trie)\n"
+            "    trie = tries[key][1]\n"
             "    out = [i for i in stops if i < len(vocab)] if state in dfa.accepting else []\n"
             "    stack = [(trie, state)]\n"
             "    while stack:\n"
@@ -335,5 +342,5 @@ EQUIVALENT = Mutant(
         ),
     ),
     must_fail=(),
-    why="a trie of the tokens' bytes walked once per state: shared prefixes are stepped once",
+    why="a trie of the tokens' bytes, built once per vocabulary, walked once per state: shared prefixes stepped once",
 )

@@ -154,7 +154,7 @@ def test_qk_norm_rope_applies_an_fp8_layers_scales(norm):
         u.acc, pos, rot.cos_sin, h, kv, d, *w, 1e-6, u.row_scale, u.col_scale, u.dtype
     )
     qkv = u.materialize()
-    want_q, want_k = triton_kernels.qk_norm_rope(qkv, pos, rot.cos_sin, h, kv, d, *w, 1e-6)
+    want_q, want_k, _ = triton_kernels.qk_norm_rope(qkv, pos, rot.cos_sin, h, kv, d, *w, 1e-6)
     assert q.dtype == k.dtype == v.dtype == torch.bfloat16 and v.shape == (n, kv, d) and v.is_contiguous()
     assert torch.equal(q, want_q) and torch.equal(k, want_k)
     assert torch.equal(v, qkv[:, (h + kv) * d :].reshape(n, kv, d))

@@ -128,11 +128,12 @@ def test_qk_norm_rope_matches_torch(dtype, norm):
     cos, sin = rot.cos_sin[pos].unsqueeze(1).chunk(2, dim=-1)
     ref_q, ref_k = apply_rotary(q.float(), cos, sin), apply_rotary(k.float(), cos, sin)
     weights = (qn.weight, kn.weight) if norm else (None, None)
-    tq, tk = triton_kernels.qk_norm_rope(qkv, pos, rot.cos_sin, h, kv, d, *weights, qn.eps)
+    tq, tk, tv = triton_kernels.qk_norm_rope(qkv, pos, rot.cos_sin, h, kv, d, *weights, qn.eps)
     assert tq.shape == (n, h, d) and tk.shape == (n, kv, d) and tq.is_contiguous() and tk.is_contiguous()
     tol = 0.07 if dtype == torch.bfloat16 else 1e-4  # bf16: one rounding of values up to ~10
     assert (tq.float() - ref_q).abs().max() < tol
     assert (tk.float() - ref_k).abs().max() < tol
+    assert torch.equal(tv, qkv[:, (h + kv) * d :].reshape(n, kv, d))  # V as the projection left it
 
 
 @pytest.mark.parametrize("kv", [8, 3])  # 3 * 128: a row width that is not a power of two

@@ -103,13 +103,14 @@ def qk_norm_rope(
     col_scale: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
 ):
-    """``(q, k)`` as contiguous ``[tokens, heads, head_dim]``: the q and k parts of ``qkv``
+    """``(q, k, v)``: q and k as contiguous ``[tokens, heads, head_dim]``, the q and k parts of ``qkv``
     (``[tokens, (heads + 2 * kv_heads) * head_dim]``, rows may be strided), RMS-normalised per head
-    when weights are given, then rotated with the ``[cos | sin]`` table at ``positions``.
+    when weights are given, then rotated with the ``[cos | sin]`` table at ``positions``; v is the V part,
+    a view into ``qkv``.
 
     With ``row_scale`` [tokens, 1] and ``col_scale`` [1, width], ``qkv`` is an FP8 GEMM's product
     before its scales (``layers/fp8.py``'s ``Unscaled``, ``dtype`` the model's): the kernel applies them,
-    and returns ``(q, k, v)``, v scaled into a contiguous ``[tokens, kv_heads, head_dim]`` too."""
+    V's too, into a contiguous ``[tokens, kv_heads, head_dim]`` of its own."""
     n = qkv.shape[0]
     unscaled = row_scale is not None
     dtype = dtype if unscaled else qkv.dtype
@@ -125,7 +126,7 @@ def qk_norm_rope(
             H=num_heads, KV=num_kv_heads, D=head_dim, HP=triton.next_power_of_2(num_heads + num_kv_heads),
             VP=triton.next_power_of_2(num_kv_heads), NORM=norm, UNSCALED=unscaled, DTYPE=TL_DTYPES[dtype],
         )  # fmt: skip
-    return (q, k, v) if unscaled else (q, k)
+    return q, k, v if unscaled else qkv[:, (num_heads + num_kv_heads) * head_dim :].view(n, num_kv_heads, head_dim)
 
 
 @triton.jit

@@ -104,10 +104,7 @@ class RotaryEmbedding(nn.Module):
         if tri is not None and tri.can_fuse(d):
             qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
             eps = q_norm.eps if q_norm is not None else 0.0
-            out = tri.qk_norm_rope(src, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales)
-            if isinstance(qkv, fp8.Unscaled):  # the kernel scaled V out of the product too
-                return out
-            return *out, qkv[:, (heads + kv_heads) * d :].view(-1, kv_heads, d)
+            return tri.qk_norm_rope(src, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales)
         q, k, v = fp8.materialize(qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
         q, k = q.view(-1, heads, d), k.view(-1, kv_heads, d)
         if q_norm is not None:

@@ -103,15 +103,9 @@ class Engine:
         gc.freeze()
 
     def _load_model(self) -> DecoderForCausalLM:
-        prev = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with torch.device(self.device):
-                c = self.config.components
-                impls = LayerImpls.by_name(c.norm, c.rotary, c.activation, c.tp_layers)
-                model = DecoderForCausalLM(self.model_config, impls)
-        finally:
-            torch.set_default_dtype(prev)
+        c = self.config.components
+        impls = LayerImpls.by_name(c.norm, c.rotary, c.activation, c.tp_layers)
+        model = DecoderForCausalLM.build(self.model_config, impls, self.dtype, self.device)
         if self.config.dummy_weight or self.model_path is None:
             init_dummy_weights(model, seed=self.config.seed)
         else:

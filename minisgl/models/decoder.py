@@ -107,6 +107,20 @@ class DecoderForCausalLM(nn.Module):
         tie = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = impls.tp.lm_head(cfg.vocab_size, cfg.hidden_size, tie_to=tie)
 
+    @classmethod
+    def build(
+        cls, cfg: ModelConfig, impls: LayerImpls | None, dtype: torch.dtype, device: torch.device
+    ) -> DecoderForCausalLM:
+        """The model with its parameters made in ``dtype`` on ``device`` (no weights loaded yet); torch's
+        default dtype is restored after, whatever happens."""
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                return cls(cfg, impls)
+        finally:
+            torch.set_default_dtype(prev)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_idx: torch.Tensor) -> torch.Tensor:
         """Logits ``[len(logit_idx), vocab]`` (the model's dtype) for the rows ``logit_idx`` of the batch
         (the last token of each request: the only ones a sampler needs)."""

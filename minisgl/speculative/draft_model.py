@@ -80,7 +80,6 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def build(cls, config, engine) -> DraftModelDrafter:
-        from minisgl.layers import LayerImpls
         from minisgl.models.decoder import DecoderForCausalLM
         from minisgl.models.resolve import resolve_model
         from minisgl.models.weights import load_weights
@@ -93,13 +92,7 @@ class DraftModelDrafter(Drafter):
         target_vocab = engine.model_config.vocab_size
         if cfg.vocab_size != target_vocab:
             raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) is not the target's ({target_vocab})")
-        prev = torch.get_default_dtype()
-        torch.set_default_dtype(config.torch_dtype)
-        try:
-            with torch.device(engine.device):
-                model = DecoderForCausalLM(cfg, LayerImpls())
-        finally:
-            torch.set_default_dtype(prev)
+        model = DecoderForCausalLM.build(cfg, None, config.torch_dtype, engine.device)
         load_weights(model, path)
         if cls.num_layers is not None:
             model.model.layers = model.model.layers[: cls.num_layers]

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from minisgl.engine.sample import SamplingInfo
+
 
 class Pitfall(NamedTuple):
     """A known wrong answer: the mistake ("leaving eps out"), its fix, and a function computing
@@ -148,3 +150,23 @@ def first_token_difference(got: list[list[int]], want: list[list[int]]) -> str |
                 f"got {g[j] if j < len(g) else 'end of output'} (expected {w}, got {g})"
             )
     return None
+
+
+def sampling_info(temps, top_k=None, top_p=None, seeds=None, steps=None, *, vocab: int) -> SamplingInfo:
+    """A batch's parameters as the engine builds them (top_k = vocab and top_p = 1 when disabled)."""
+    n = len(temps)
+    temps = torch.as_tensor(temps, dtype=torch.float32)
+    top_k = torch.as_tensor([vocab] * n if top_k is None else top_k, dtype=torch.int64)
+    top_p = torch.as_tensor([1.0] * n if top_p is None else top_p, dtype=torch.float32)
+    seeds = torch.as_tensor(list(range(1, n + 1)) if seeds is None else seeds, dtype=torch.int64)
+    steps = torch.as_tensor([0] * n if steps is None else steps, dtype=torch.int64)
+    return SamplingInfo(
+        temperatures=temps,
+        top_k=top_k,
+        top_p=top_p,
+        seeds=seeds,
+        steps=steps,
+        all_greedy=bool((temps == 0).all()),
+        need_top_k=bool((top_k < vocab).any()),
+        need_top_p=bool((top_p < 1.0).any()),
+    )

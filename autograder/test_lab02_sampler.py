@@ -4,13 +4,15 @@ the engine sampling with your ``LabSampler``. Run: ``python -m autograder lab02`
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autograder.adapters import lab02 as lab
-from autograder.checks import Pitfall, check_tensor, first_token_difference
+from autograder.checks import Pitfall, check_tensor, first_token_difference, sampling_info
 from autograder.points import engine, points
 from minisgl.engine.sample import SamplingInfo, filter_logits, uniform
 
@@ -20,24 +22,7 @@ TOL = 1e-5  # how far u * total may sit outside the drawn token's float64 CDF in
 TVD_LIMIT = 0.04  # a correct sampler's tokens over 20,000 seeds: about 0.015 from the exact distribution
 
 
-def make_info(temps, top_k=None, top_p=None, seeds=None, steps=None, vocab: int = V) -> SamplingInfo:
-    """A batch's parameters as the engine builds them (top_k = vocab and top_p = 1 when disabled)."""
-    n = len(temps)
-    temps = torch.as_tensor(temps, dtype=torch.float32)
-    top_k = torch.as_tensor([vocab] * n if top_k is None else top_k, dtype=torch.int64)
-    top_p = torch.as_tensor([1.0] * n if top_p is None else top_p, dtype=torch.float32)
-    seeds = torch.as_tensor(list(range(1, n + 1)) if seeds is None else seeds, dtype=torch.int64)
-    steps = torch.as_tensor([0] * n if steps is None else steps, dtype=torch.int64)
-    return SamplingInfo(
-        temperatures=temps,
-        top_k=top_k,
-        top_p=top_p,
-        seeds=seeds,
-        steps=steps,
-        all_greedy=bool((temps == 0).all()),
-        need_top_k=bool((top_k < vocab).any()),
-        need_top_p=bool((top_p < 1.0).any()),
-    )
+make_info = partial(sampling_info, vocab=V)  # a batch's parameters as the engine builds them
 
 
 def with_(info: SamplingInfo, **changes) -> SamplingInfo:

@@ -7,6 +7,7 @@ against the engine's verifier, the rollback, and the engine with your verifier a
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.adapters import lab15 as lab
-from autograder.checks import first_token_difference
+from autograder.checks import first_token_difference, sampling_info
 from autograder.engine_runs import engine_failure
 from autograder.points import engine, points
 from minisgl.engine.sample import SAMPLERS, SamplingInfo, filter_logits, uniform
@@ -26,24 +27,7 @@ MARGIN = 1e-4  # a sampled case is used only where u sits this far from every bo
 SAMPLER = SAMPLERS.get("default")()
 
 
-def make_info(temps, top_k=None, top_p=None, seeds=None, steps=None, vocab: int = V) -> SamplingInfo:
-    """A batch's parameters as the engine builds them (top_k = vocab and top_p = 1 when disabled)."""
-    n = len(temps)
-    temps = torch.as_tensor(temps, dtype=torch.float32)
-    top_k = torch.as_tensor([vocab] * n if top_k is None else top_k, dtype=torch.int64)
-    top_p = torch.as_tensor([1.0] * n if top_p is None else top_p, dtype=torch.float32)
-    seeds = torch.as_tensor(list(range(1, n + 1)) if seeds is None else seeds, dtype=torch.int64)
-    steps = torch.as_tensor([0] * n if steps is None else steps, dtype=torch.int64)
-    return SamplingInfo(
-        temperatures=temps,
-        top_k=top_k,
-        top_p=top_p,
-        seeds=seeds,
-        steps=steps,
-        all_greedy=bool((temps == 0).all()),
-        need_top_k=bool((top_k < vocab).any()),
-        need_top_p=bool((top_p < 1.0).any()),
-    )
+make_info = partial(sampling_info, vocab=V)  # a batch's parameters as the engine builds them
 
 
 def rows_of(info: SamplingInfo, rows: list[int]) -> SamplingInfo:

@@ -45,7 +45,8 @@ class LLM:
             self.scheduler = TPScheduler(self.config)
         else:
             self.scheduler = Scheduler(self.config)
-        self.tokenizer = load_tokenizer(self.scheduler.engine.model_path)
+        engine = self.scheduler.engine
+        self.tokenizer = engine.tokenizer if engine.tokenizer is not None else load_tokenizer(engine.model_path)
         self.scheduler.add_eos_ids(eos_token_ids(self.tokenizer))
         self._uids = itertools.count()
 

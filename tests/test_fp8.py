@@ -50,6 +50,9 @@ def test_fp8_halves_the_bytes_per_token_and_doubles_the_default_pool(tiny_qwen3)
     for kv in ("auto", "fp8_e4m3"):
         llm = LLM(str(tiny_qwen3), dtype="bfloat16", kv_cache_dtype=kv, max_seq_len=512)
         sizes[kv] = llm.scheduler.engine.kv_pool.num_slots
+        # the tokenizer is read once: by the engine for an FP8 pool's calibration text, then shared
+        engine_tok = llm.scheduler.engine.tokenizer
+        assert llm.tokenizer is not None and (engine_tok is llm.tokenizer if kv != "auto" else engine_tok is None)
         llm.shutdown()
     # the CPU default is 1 GiB of KV capped at 64k tokens: the tiny model reaches the cap either way
     assert sizes["fp8_e4m3"] >= sizes["auto"]

@@ -79,9 +79,10 @@ class Engine:
         self.attn_backend = create_backend(
             config.attention_backend, self.kv_pool, self.table, self.local_heads, cfg.head_dim
         )
+        self.tokenizer = None  # loaded here only for the calibration text; the LLM then takes this one
         if self.kv_pool.quantized:  # per-head FP8 scales from one prefill of a real text, before any graph
-            ids = calibration_ids(load_tokenizer(self.model_path), cfg.vocab_size, self.max_seq_len)
-            calibrate_kv_scales(self, ids)
+            self.tokenizer = load_tokenizer(self.model_path)
+            calibrate_kv_scales(self, calibration_ids(self.tokenizer, cfg.vocab_size, self.max_seq_len))
         self.sampler = SAMPLERS.get(parts.sampler)()
         self.graph_runner = None
         if self.device.type == "cuda":

@@ -126,7 +126,9 @@ def qk_norm_rope(
             H=num_heads, KV=num_kv_heads, D=head_dim, HP=triton.next_power_of_2(num_heads + num_kv_heads),
             VP=triton.next_power_of_2(num_kv_heads), NORM=norm, UNSCALED=unscaled, DTYPE=TL_DTYPES[dtype],
         )  # fmt: skip
-    return q, k, v if unscaled else qkv[:, (num_heads + num_kv_heads) * head_dim :].view(n, num_kv_heads, head_dim)
+    if not unscaled:  # V as the projection left it
+        v = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(n, num_kv_heads, head_dim)
+    return q, k, v
 
 
 @triton.jit

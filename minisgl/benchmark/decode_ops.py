@@ -66,8 +66,7 @@ def op_times(llm: LLM, bs: int) -> dict[str, float]:
     def rope():
         return tri.qk_norm_rope(qkv, pos, attn.rotary[0].cos_sin, *shape, *norms, 1e-6)
 
-    k = rope()[1]
-    v = qkv[:, -attn.num_kv_heads * attn.head_dim :].view(bs, attn.num_kv_heads, attn.head_dim)
+    _, k, v = rope()  # v: a view into qkv, strided as the decoder hands it to the store
     ops = {
         "qkv_proj": lambda: [ly.self_attn.qkv_proj(h) for ly in layers],
         "o_proj": lambda: [ly.self_attn.o_proj(attn_out) for ly in layers],

@@ -215,9 +215,9 @@ def test_tp2_masks_and_scores_like_tp1(tiny_llama):
 
 @pytest.mark.gpu
 def test_on_cuda_masks_leave_neighbours_alone_and_logprobs_match_hf(tiny_llama):
-    """On a GPU (the overlap loop, CUDA graphs for decode, the bitmask copied to the device and
-    applied by xgrammar's kernel): unconstrained neighbours keep their greedy tokens, constrained
-    rows match their regex, and logprobs equal HF's float32 log_softmax."""
+    """On a GPU (the overlap loop, the bitmask copied to the device and applied by xgrammar's
+    kernel; float32, so ``auto`` runs the torch backend): unconstrained neighbours keep their greedy
+    tokens, constrained rows match their regex, and logprobs equal HF's float32 log_softmax."""
     from hf_ref import hf_model
 
     llm = LLM(str(tiny_llama), dtype="float32", device="cuda")

@@ -125,6 +125,21 @@ def test_mini_sglang_spellings_mean_the_same():
     assert resolve_backend_name("fa", cpu) == "fa3" and resolve_backend_name("fa,fi", cpu) == "fa3,fi"
 
 
+def test_auto_backend_gives_a_float32_model_on_a_gpu_the_torch_backend(monkeypatch):
+    """FlashInfer's kernels run in float16/bfloat16 only: ``auto`` picks the torch backend (and its
+    page size of 1) for a float32 model on a GPU, instead of a FlashInfer backend that refuses it.
+    FlashInfer is reported present, so only the dtype decides (no CUDA call is reached)."""
+    import minisgl.attention as attention
+    from minisgl.engine.config import FLASHINFER_PAGE_SIZE, EngineConfig
+
+    monkeypatch.setattr(attention, "flashinfer_available", lambda: True)
+    gpu = torch.device("cuda", 0)
+    assert attention.resolve_backend_name("auto", gpu, dtype=torch.float32) == "torch"
+    assert attention.resolve_backend_name("fi", gpu, dtype=torch.float32) == "fi"  # asked for by name: kept
+    assert EngineConfig(device="cuda", dtype="float32").page_size == 1
+    assert EngineConfig(device="cuda", dtype="bfloat16").page_size == FLASHINFER_PAGE_SIZE
+
+
 def test_engine_flags_come_from_the_config_fields():
     """One default and one help text per engine setting: the server's and the benchmarks' flags
     are generated from EngineConfig, so they cannot drift from it."""

@@ -34,12 +34,15 @@ def flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
-def resolve_backend_name(name: str, device: torch.device, fp8_kv: bool = False) -> str:
+def resolve_backend_name(
+    name: str, device: torch.device, fp8_kv: bool = False, dtype: torch.dtype = torch.bfloat16
+) -> str:
     """``auto`` -> ``fa3,fi`` on Hopper with FlashInfer (``fi`` with an FP8 KV cache, which FA3 does
-    not read next to bf16 queries), ``fi`` on other GPUs with it, else ``torch``; aliases become their
-    canonical names."""
+    not read next to bf16 queries), ``fi`` on other GPUs with it, else ``torch``, which is also what a
+    float32 model gets on a GPU (FlashInfer's kernels run in float16/bfloat16 only); aliases become
+    their canonical names."""
     if name == "auto":
-        if device.type == "cuda" and flashinfer_available():
+        if device.type == "cuda" and flashinfer_available() and dtype in (torch.float16, torch.bfloat16):
             hopper = torch.cuda.get_device_capability(device)[0] == 9
             return "fa3,fi" if hopper and not fp8_kv else "fi"
         return "torch"
@@ -60,7 +63,7 @@ def _make(name: str, *args) -> AttentionBackend:
 
 
 def create_backend(name: str, pool: KVPool, table: ReqTable, num_heads: int, head_dim: int) -> AttentionBackend:
-    resolved = resolve_backend_name(name, table.page_table.device, pool.quantized)
+    resolved = resolve_backend_name(name, table.page_table.device, pool.quantized, pool.compute_dtype)
     args = (pool, table, num_heads, head_dim)
     parts = resolved.split(",")
     if len(parts) == 1:

@@ -249,7 +249,8 @@ class EngineConfig:
 
         decode = self.attention_backend.split(",")[-1]
         if decode == "auto":
-            return FLASHINFER_PAGE_SIZE if self.torch_device.type == "cuda" and flashinfer_available() else 1
+            half = self.torch_dtype in (torch.float16, torch.bfloat16)  # else auto picks torch
+            return FLASHINFER_PAGE_SIZE if self.torch_device.type == "cuda" and flashinfer_available() and half else 1
         return 1 if decode == "torch" else FLASHINFER_PAGE_SIZE
 
     @property

@@ -34,6 +34,12 @@ def flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
+def auto_runs_flashinfer(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``auto`` gives a model a FlashInfer backend: on a GPU with FlashInfer installed, in
+    float16/bfloat16 (its kernels run in no other dtype). The page size's default follows it too."""
+    return device.type == "cuda" and flashinfer_available() and dtype in (torch.float16, torch.bfloat16)
+
+
 def resolve_backend_name(
     name: str, device: torch.device, fp8_kv: bool = False, dtype: torch.dtype = torch.bfloat16
 ) -> str:
@@ -42,7 +48,7 @@ def resolve_backend_name(
     float32 model gets on a GPU (FlashInfer's kernels run in float16/bfloat16 only); aliases become
     their canonical names."""
     if name == "auto":
-        if device.type == "cuda" and flashinfer_available() and dtype in (torch.float16, torch.bfloat16):
+        if auto_runs_flashinfer(device, dtype):
             hopper = torch.cuda.get_device_capability(device)[0] == 9
             return "fa3,fi" if hopper and not fp8_kv else "fi"
         return "torch"

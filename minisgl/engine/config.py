@@ -245,12 +245,11 @@ class EngineConfig:
         """``FLASHINFER_PAGE_SIZE`` when FlashInfer runs decode: its kernels read a ragged batch's KV
         faster in larger pages. 1 for the torch backend, the course's CPU path, where a page is a token
         and the radix cache shares prefixes token by token."""
-        from minisgl.attention import flashinfer_available
+        from minisgl.attention import auto_runs_flashinfer
 
         decode = self.attention_backend.split(",")[-1]
         if decode == "auto":
-            half = self.torch_dtype in (torch.float16, torch.bfloat16)  # else auto picks torch
-            return FLASHINFER_PAGE_SIZE if self.torch_device.type == "cuda" and flashinfer_available() and half else 1
+            return FLASHINFER_PAGE_SIZE if auto_runs_flashinfer(self.torch_device, self.torch_dtype) else 1
         return 1 if decode == "torch" else FLASHINFER_PAGE_SIZE
 
     @property

@@ -384,15 +384,36 @@ def test_checks_before_writing():
 
 # ---- speed -----------------------------------------------------------------------------------------
 def _best_ms(fn, number: int = 3, repeats: int = 5) -> float:
-    """The fastest of ``repeats`` timings of ``number`` calls, per call in ms: another process can only
-    add time to a timing, so the fastest one is the least disturbed."""
+    """The fastest of ``repeats`` timings of ``number`` calls, per call in ms, in this process's CPU
+    time: while another process has the core ours waits, and that wait is not the kernel's. Other
+    processes still slow ours through the caches and memory they share, and only ever add time, so
+    the fastest timing is the least disturbed. (CPU time counts every thread of the process: a
+    kernel that spreads its work over threads is not made faster by it.)"""
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(number):
             fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best / number * 1e3
+
+
+def speed_attempt(yours, torch_versions, rounds: int = 5) -> tuple[float, float]:
+    """``(your ms, the best torch version's ms)`` of the median round (by speed-up) of ``rounds``
+    interleaved rounds: a burst of load in one round does not decide."""
+    timed = [(_best_ms(yours), min(_best_ms(fn) for fn in torch_versions)) for _ in range(rounds)]
+    return statistics.median_low(sorted(timed, key=lambda r: r[1] / r[0]))
+
+
+def speed_attempts(yours, torch_versions, need: float, attempts: int = 4, pause: float = 0.5) -> list:
+    """Attempts until one reaches ``need`` (at most ``attempts``, ``pause`` seconds apart): a kernel
+    that is fast enough shows it once the other processes leave the caches alone for a moment, while
+    a torch version stays about as fast as the fastest torch version however often it is timed."""
+    tried = [speed_attempt(yours, torch_versions)]
+    while tried[-1][1] / tried[-1][0] < need and len(tried) < attempts:
+        time.sleep(pause)
+        tried.append(speed_attempt(yours, torch_versions))
+    return tried
 
 
 def sdpa_path(q, k_pool, v_pool, slots, lens, scale: float) -> torch.Tensor:
@@ -415,8 +436,9 @@ def test_faster_than_torch():
     scattered over the pool, one thread for all: your kernel at least 1.25x faster than the best torch
     version, the faster of the engine's torch path and ``scaled_dot_product_attention`` on the gathered
     rows (the reference kernel is about 1.6x faster: it reads the rows where they lie, torch copies them
-    out first). Five rounds, each the best of five timings of each, interleaved; the median round's
-    speed-up counts."""
+    out first). Timed in CPU time, in five interleaved rounds, each the best of five timings of each; the
+    median round's speed-up counts. Below 1.25x it is timed again, up to four attempts half a second
+    apart (other processes may have been using the caches), and the best attempt counts."""
     c = make_case([1024] * 4, heads=(9, 3), dim=64, page=16, seed=22)
     expect(c, "the speed test's batch")  # points for speed only when the answer is right
     assert _close(sdpa_path(*c.args()), reference(c), c.q.dtype), "the grader's torch baseline is wrong"
@@ -428,16 +450,18 @@ def test_faster_than_torch():
         engine_torch = lambda: paged_decode_attention_torch(*c.args())  # noqa: E731
         sdpa = lambda: sdpa_path(*c.args())  # noqa: E731
         yours(), engine_torch(), sdpa()  # warm-up
-        rounds = [(_best_ms(yours), min(_best_ms(engine_torch), _best_ms(sdpa))) for _ in range(5)]
+        tried = speed_attempts(yours, (engine_torch, sdpa), SPEEDUP)
     finally:
         torch.set_num_threads(threads)
-    k_ms, t_ms = statistics.median_low(sorted(rounds, key=lambda r: r[1] / r[0]))
+    k_ms, t_ms = max(tried, key=lambda r: r[1] / r[0])
     speedup = t_ms / k_ms
+    each = ", ".join(f"{t / k:.2f}x" for k, t in tried)
     assert speedup >= SPEEDUP, (
         f"speed: paged_decode_attention took {k_ms:.2f} ms on this batch, the best torch version {t_ms:.2f} ms: "
-        f"{speedup:.2f}x faster, expected at least {SPEEDUP}x. Is there torch (a gather, .contiguous() of the "
-        "pool, a matmul) in paged_decode_attention? The kernel should read the pool's rows where they lie; in "
-        "C++, a #pragma omp simd reduction on the dot product lets the compiler vectorise it"
+        f"{speedup:.2f}x faster (the best of {len(tried)} attempts: {each}), expected at least {SPEEDUP}x. Is "
+        "there torch (a gather, .contiguous() of the pool, a matmul) in paged_decode_attention? The kernel "
+        "should read the pool's rows where they lie; in C++, a #pragma omp simd reduction on the dot product "
+        "lets the compiler vectorise it"
     )
 
 

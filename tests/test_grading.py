@@ -194,6 +194,51 @@ def test_servers_and_ranks_wait_longer_on_a_slower_machine(monkeypatch, tmp_path
     pace.measure()
 
 
+# ---- lab 13's speed check on a busy machine -------------------------------------------------------------
+def _spin(ms: float) -> None:
+    """Compute for ``ms`` milliseconds of this process's CPU time."""
+    end = time.process_time() + ms / 1e3
+    while time.process_time() < end:
+        pass
+
+
+def test_lab13_speed_is_timed_again_after_a_burst_of_load():
+    """A correct kernel that another process slowed in the first attempt (here: 3x slower for that
+    attempt's calls) passes on the next attempt; a kernel at 0.9x the torch version fails after every
+    attempt, each at its own speed-up."""
+    from autograder.test_lab13_jit_kernel import speed_attempts
+
+    calls = [0]
+
+    def burst_then_fast():
+        calls[0] += 1
+        _spin(1.5 if calls[0] <= 5 * 15 else 0.5)  # the first attempt: 5 rounds of 15 calls
+
+    def torch_version():
+        _spin(1.0)
+
+    tried = speed_attempts(burst_then_fast, (torch_version,), need=1.25, pause=0)
+    speedups = [t / k for k, t in tried]
+    assert len(tried) == 2 and speedups[0] < 1 and speedups[1] > 1.6, speedups
+
+    tried = speed_attempts(lambda: _spin(1.1), (torch_version,), need=1.25, attempts=3, pause=0)
+    speedups = [t / k for k, t in tried]
+    assert len(tried) == 3 and all(0.8 < s < 1.0 for s in speedups), speedups
+
+
+def test_lab13_speed_counts_the_kernels_cpu_time_not_the_wait():
+    """Time the process spends off the CPU (another process has the core; here: a sleep) is not the
+    kernel's: a kernel that computes 0.5 ms and waits 3 ms is 2x a torch version computing 1 ms."""
+    from autograder.test_lab13_jit_kernel import speed_attempt
+
+    def waits():
+        time.sleep(0.003)
+        _spin(0.5)
+
+    k_ms, t_ms = speed_attempt(waits, (lambda: _spin(1.0),), rounds=3)
+    assert 1.6 < t_ms / k_ms < 2.2 and k_ms < 1.0, (k_ms, t_ms)
+
+
 def test_each_lab_line_comes_as_that_lab_is_graded():
     """``python -m autograder`` prints a lab's summary line when that lab is done, not after every lab:
     the first line arrives while the next lab is still being graded, after a header on stderr that says

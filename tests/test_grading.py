@@ -205,7 +205,7 @@ def _spin(ms: float) -> None:
 def test_lab13_speed_is_timed_again_after_a_burst_of_load():
     """A correct kernel that another process slowed in the first attempt (here: 3x slower for that
     attempt's calls) passes on the next attempt; a kernel at 0.9x the torch version fails after every
-    attempt, each at its own speed-up."""
+    attempt, each at its own speed-up, and no attempt begins once the budget is spent."""
     from autograder.test_lab13_jit_kernel import speed_attempts
 
     calls = [0]
@@ -224,6 +224,8 @@ def test_lab13_speed_is_timed_again_after_a_burst_of_load():
     tried = speed_attempts(lambda: _spin(1.1), (torch_version,), need=1.25, attempts=3, pause=0)
     speedups = [t / k for k, t in tried]
     assert len(tried) == 3 and all(0.8 < s < 1.0 for s in speedups), speedups
+    tried = speed_attempts(lambda: _spin(1.1), (torch_version,), need=1.25, pause=0, budget_s=0)
+    assert len(tried) == 1, "no attempt begins after the budget"
 
 
 def test_lab13_speed_counts_the_kernels_cpu_time_not_the_wait():

@@ -170,3 +170,17 @@ def sampling_info(temps, top_k=None, top_p=None, seeds=None, steps=None, *, voca
         need_top_k=bool((top_k < vocab).any()),
         need_top_p=bool((top_p < 1.0).any()),
     )
+
+
+def chi2_bound(df: int, significance: float = 1e-3) -> float:
+    """The chi-square statistic that ``df`` degrees of freedom exceed with probability ``significance``
+    (scipy's ``chi2.ppf(1 - significance, df)``, to 1e-9): bisection on the survival function, which is
+    the regularized upper incomplete gamma function ``Q(df / 2, x / 2)``."""
+    sf = lambda x: float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(x / 2)))
+    lo, hi = 0.0, float(df) + 10.0
+    while sf(hi) > significance:
+        hi *= 2
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sf(mid) > significance else (lo, mid)
+    return hi

@@ -16,7 +16,10 @@ import pytest
 
 MESSAGE_LINES = 14
 
-_EXAMPLE = re.compile(r"^Falsifying (?:explicit )?example: [\w.]+\((?P<args>.*)\)$", re.S)
+# older Hypothesis releases write "Falsifying example:", newer ones (6.170 for one) "Failing test case:"
+_EXAMPLE = re.compile(
+    r"^(?:Falsifying (?:explicit )?example|Failing (?:explicit )?test case): [\w.]+\((?P<args>.*)\)$", re.S
+)
 # notes Hypothesis adds that only make sense next to a traceback
 _HYPOTHESIS_NOISE = ("(note:", "Explanation:", "The test ", "You can ", "Unreliable ", "Trying example", "Hypothesis ")
 
@@ -37,7 +40,8 @@ def leaves(exc: BaseException) -> list[BaseException]:
 
 
 def example_line(note: str) -> str | None:
-    """``Falsifying example: f(\\n    a=1,\\n    b=2,\\n)`` -> ``failing example: a=1, b=2``."""
+    """``Falsifying example: f(\\n    a=1,\\n    b=2,\\n)`` (or ``Failing test case: ...``) -> ``failing
+    example: a=1, b=2``."""
     m = _EXAMPLE.match(note.strip())
     if m is None:
         return None

@@ -37,12 +37,18 @@ def lab_file(stem: str) -> Path:
 
 
 def load(stem: str) -> ModuleType:
-    """Import ``<impl folder>/<stem>.py`` (once per process)."""
+    """Import ``<impl folder>/<stem>.py`` (once per process). While grading, this process's guards
+    (``originality.install``) go in first: a spawned tensor-parallel rank or a server process loads the
+    lab file here too."""
     path = lab_file(stem)
     if path in _loaded:
         return _loaded[path]
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: the graded folder must contain {stem}.py")
+    from autograder import originality
+
+    if os.environ.get(originality.GUARD_ENV):  # grading: the references refuse lab code in every process
+        originality.install(stem, path.parent)
     name = f"_graded_{abs(hash(str(path.parent)))}_{stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)

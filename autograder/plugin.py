@@ -82,9 +82,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    import tempfile
+    import time
+
     from autograder import originality
 
     originality.FOUND.clear()
+    # refusals in the processes this test starts (a TP rank, a server) are written here
+    name = f"minisgl-ag-found-{os.getpid()}-{time.monotonic_ns()}.txt"
+    os.environ[originality.FOUND_ENV] = os.path.join(tempfile.gettempdir(), name)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -94,9 +100,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if lab_of(item) is None:
         return report
-    if originality.FOUND and call.when == "call":  # even if the student's code caught the exception
-        report.outcome, report.longrepr = "failed", originality.FOUND[0]
-        report.user_properties += [("ag_message", originality.FOUND[0]), ("ag_engine_reference", originality.FOUND[0])]
+    found = (originality.FOUND + originality.found_elsewhere()) if call.when == "call" else []
+    if call.when == "teardown":
+        try:
+            os.remove(os.environ.get(originality.FOUND_ENV, ""))
+        except OSError:
+            pass
+    if found:  # even if the student's code caught the exception, in this process or another
+        report.outcome, report.longrepr = "failed", found[0]
+        report.user_properties += [("ag_message", found[0]), ("ag_engine_reference", found[0])]
     elif report.failed and call.excinfo is not None:
         from autograder import impl
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from autograder import scheduler_sim as sim
 from autograder.adapters import lab05 as lab
 from autograder.checks import first_token_difference
+from autograder.originality import original
 from autograder.points import engine, points
 from minisgl.models.config import ModelConfig
 
@@ -27,9 +28,11 @@ def only(part: str):
     """The lab's class with every method but ``part`` (``fits`` or ``admit``) the reference's, so each
     method earns its points on its own."""
     base = lab.policy_class()
-    methods = {"reserved_len": sim.Reference.reserved_len}
+    # the references themselves, unguarded (originality.original): the grader puts them there, not the student
+    methods = {"reserved_len": original(sim.Reference.reserved_len)}
     if part == "admit":
-        methods["fits"] = lambda self, req, ctx: sim.reference_fits(req, ctx)
+        reference_fits = original(sim.reference_fits)
+        methods["fits"] = lambda self, req, ctx: reference_fits(req, ctx)
     return type(f"Only{part.title()}{base.__name__}", (base,), methods)
 
 

@@ -3,8 +3,9 @@
 You implement the two halves of turning a sequence's tokens into the text a client sees while it
 streams: the ``Detokenizer`` and ``StopStrings`` interfaces (``from minisgl.tokenizer.detokenizer import
 ...``, as below; this docstring states their contracts). Write both classes here: the engine's own
-implementations of these interfaces are off limits (a lab that subclasses, aliases or calls them is
-graded 0). The server runs them in two processes::
+implementations of these interfaces are off limits, and so is the ``tokenizers`` library's own
+incremental decoder (``tokenizers.decoders.DecodeStream``): a lab that subclasses, aliases or calls them
+is graded 0. The server runs them in two processes::
 
     scheduler --token ids--> detokenizer process --text pieces--> API server --SSE / JSON--> client
                              LabDetokenizer (one per request)      LabStopStrings (one per sequence)

@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,10 @@ class LLM:
         self.tokenizer = engine.tokenizer if engine.tokenizer is not None else load_tokenizer(engine.model_path)
         self.scheduler.add_eos_ids(eos_token_ids(self.tokenizer))
         self._uids = itertools.count()
+        # The engine freezes what it built out of the collector's reach (Engine.__init__); once this LLM
+        # is dropped, its engine's reference cycles must be collectable again, or a process that makes
+        # several engines (a notebook, the tests) keeps every one of them.
+        weakref.finalize(self, gc.unfreeze)
 
     @property
     def cache_stats(self) -> CacheStats:

@@ -2,8 +2,9 @@
 
 You implement five functions, which the engine calls through its seams (the ``NORMS``, ``ROTARIES``
 and ``ACTIVATIONS`` registries of ``minisgl.layers``, and an attention backend). Write them here: the
-engine's own versions and its C++ kernels are off limits (a lab that aliases or calls them is graded
-0). Every function works on the engine's *flat* layout: the tokens of all requests of a batch back
+engine's own versions and its C++ kernels are off limits, and so is torch's fused attention
+(``torch.nn.functional.scaled_dot_product_attention``, which is the whole of ``gqa_attention``): a lab
+that aliases or calls them is graded 0. Every function works on the engine's *flat* layout: the tokens of all requests of a batch back
 to back, so a ``[num_tokens, num_heads, head_dim]`` tensor has no batch dimension.
 
 Contract (what the autograder checks):

@@ -68,8 +68,49 @@ def pytest_configure(config):
         config.option.durations = 25
 
 
+@pytest.fixture(autouse=True)
+def _collectable_engines():
+    """An engine freezes what it built out of the garbage collector's reach (``Engine.__init__``); an LLM
+    gives it back when dropped, and this does for whatever a test built otherwise (a bare Scheduler), so
+    a session of many engines does not keep them all."""
+    yield
+    import gc
+
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()
+
+
+_RSS: list[tuple[float, str]] = []  # (resident GB of this process after the test, test id)
+
+
+def _rss_gb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**30
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location):
+    _RSS.append((_rss_gb(), nodeid))
+    if os.environ.get("MINISGL_TEST_RSS_LOG"):
+        with open(os.environ["MINISGL_TEST_RSS_LOG"], "a") as f:
+            f.write(f"{_RSS[-1][0]:.3f} {os.getpid()} {nodeid}\n")
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Each lesson's run time (test_notebooks records it), so a plain CI log shows the budget held."""
+    """Each lesson's run time (test_notebooks records it), so a plain CI log shows the budget held; and
+    the peak resident memory of this process (the README promises the suite fits a laptop)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    if _RSS:
+        top = max(_RSS)
+        terminalreporter.write_sep("=", "memory")
+        terminalreporter.write_line(
+            f"peak resident memory of the pytest process: {peak:.2f} GiB; largest after a test: {top[0]:.2f} GiB "
+            f"({top[1]})"
+        )
     rows = [
         (r.nodeid.split("[")[-1].rstrip("]"), *dict(r.user_properties)["lesson_seconds"], r.outcome)
         for reports in terminalreporter.stats.values()

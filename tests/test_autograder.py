@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,7 @@ import pytest
 from grading import ForkServer, Run, grade, run
 from mutants import KINDS, all_equivalents, all_hidden_mutants, all_mutants, lab_modules, randomized_partners
 from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MISBEHAVING
+from mutants.probes import ROUTES
 
 from autograder import pace
 from autograder.__main__ import known_labs
@@ -152,7 +154,19 @@ def test_mutant_loses_points(runs, mutant):
             f"mutant {mutant.name} ({mutant.why}) uses the engine's own implementation but scored "
             f"{run.results['score']}: {[n for n, t in tests.items() if t['status'] == 'passed']}"
         )
+        assert re.search(rf"\b{mutant.stem}\.py:\d+", first["output"]), (
+            f"mutant {mutant.name} ({mutant.why}) is refused, but its message does not say where (file:line):\n"
+            f"{first['output']}"
+        )
     assert run.returncode == 1
+
+
+def test_every_route_to_the_engine_has_a_probe():
+    """Each way a lab could take the engine's (or the grader's) answer (probes.ROUTES) is tried by a probe
+    that must score 0 (test_mutant_loses_points)."""
+    tried = {m.route for m in all_mutants() if m.route}
+    assert tried <= set(ROUTES), sorted(tried - set(ROUTES))
+    assert set(ROUTES) <= tried, f"routes without a probe: {sorted(set(ROUTES) - tried)}"
 
 
 def test_mutants_are_named_once_per_lab():

@@ -151,4 +151,10 @@ def test_falsifying_example_fits_on_one_line():
 def test_example_line_only_reads_hypothesis_notes():
     note = "Falsifying example: _rms_norm_random(\n    rows=2,\n    dtype=torch.bfloat16,\n)"
     assert example_line(note) == "smallest failing example (random test): rows=2, dtype=torch.bfloat16"
+    # newer Hypothesis releases name it "Failing test case" and comment on values any value would do
+    note = (
+        "Failing test case: _rms_norm_random(\n    rows=2,\n"
+        "    dtype=torch.bfloat16,  # or any other generated value\n)"
+    )
+    assert example_line(note) == "smallest failing example (random test): rows=2, dtype=torch.bfloat16"
     assert example_line("while running evict(3); operations (page_size=1), oldest first:") is None

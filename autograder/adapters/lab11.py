@@ -1,10 +1,11 @@
 """Lab 11 adapter: the ``LabDetokenizer`` and ``LabStopStrings`` classes of ``lab11_detokenizer.py``,
 used only through the ``Detokenizer`` / ``StopStrings`` interfaces, and the swap-in: a real
 ``python -m minisgl`` whose detokenizer process and API server import the lab's ``TEXT_STREAMS`` by its
-``"module:attr"`` name (``--detokenizer``).
+``"module:attr"`` name (``--detokenizer autograder.adapters.lab11:TEXT_STREAMS``, which loads the lab file
+there through ``require``).
 
 Every unit test takes ``TEXT_STREAMS`` too (through ``require``, which refuses the engine's own
-classes in it): the server test runs in other processes, where no tripwire would see them."""
+classes in it), so a lab that hands the server the engine's classes loses its points in this process."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from autograder.impl import REPO, impl_folder, require
 from minisgl.tokenizer.detokenizer import Detokenizer, IncrementalDecoder, StopStringCutter, StopStrings, TextStreams
 
 STEM = "lab11_detokenizer"
-SWAP_IN = f"{STEM}:TEXT_STREAMS"  # the name the server is given (the graded folder is on its path)
+# the name the server is given: both server processes load the lab file through this module (impl.load),
+# which installs the grader's guards there first
+SWAP_IN = f"{__name__}:TEXT_STREAMS"
 
 
 def _subclass(attr: str, base: type) -> type:
@@ -50,6 +53,12 @@ def text_streams() -> TextStreams:
 
 
 REFERENCE = TextStreams(IncrementalDecoder, StopStringCutter)
+
+
+def __getattr__(name: str):  # SWAP_IN, looked up in each server process (computed on access)
+    if name == "TEXT_STREAMS":
+        return text_streams()
+    raise AttributeError(name)
 
 
 # ---- the swap-in: a real server -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ engine's implementation: the lab scores 0."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tempfile
 from collections.abc import Callable, Iterator
@@ -90,35 +91,69 @@ def engine_source_used(source: object, include_paths: object = None) -> str | No
     return None
 
 
+_LIBRARY = (".so", ".dylib", ".dll", ".pyd")
+
+
+def _engine_library(path: Path) -> str | None:
+    """Why the shared library at ``path`` is the engine's compiled C++ (its name, or the same bytes as a
+    library the engine built: tvm_ffi names the engine's ``minisgl_cpu_<level>_<hash>``), or None."""
+    if path.name.startswith("minisgl_"):
+        return f"the engine's library {path.name}"
+    cache = Path(os.environ.get("TVM_FFI_CACHE_DIR", Path.home() / ".cache" / "tvm-ffi"))
+    try:
+        size, digest = path.stat().st_size, None
+        for built in cache.glob("minisgl_*/*"):
+            if built.suffix in _LIBRARY and built.stat().st_size == size:
+                digest = digest or hashlib.sha256(path.read_bytes()).hexdigest()
+                if hashlib.sha256(built.read_bytes()).hexdigest() == digest:
+                    return f"a copy of the engine's library {built.name}"
+    except OSError:
+        return None
+    return None
+
+
+def engine_build_used(args: tuple, kwargs: dict) -> str | None:
+    """Why a loader call (``tvm_ffi.cpp.load_inline`` / ``build_inline`` / ``build`` / ``load``,
+    ``tvm_ffi.load_module``, ``ctypes.CDLL``, torch's extension loaders) compiles or loads the engine's
+    own C++, or None: its sources, source files, include paths and libraries are looked at
+    (``originality.LABS["lab13"]`` watches these loaders for lab code)."""
+    texts: list[str] = []
+    includes = kwargs.get("extra_include_paths")
+    why = engine_source_used("", includes)
+    if why:
+        return why
+    values = list(args) + [v for k, v in kwargs.items() if k not in ("extra_include_paths", "extra_cflags")]
+    for value in values:
+        for item in [value] if isinstance(value, str | os.PathLike) else list(value or []) if _iterable(value) else []:
+            if not isinstance(item, str | os.PathLike):
+                continue
+            text = os.fspath(item)
+            path = Path(text) if len(text) < 4096 and "\n" not in text else None
+            if path is not None and path.suffix in _LIBRARY:
+                why = _engine_library(path.resolve()) if path.exists() else None
+                if why:
+                    return why
+            elif path is not None and path.exists() and path.is_file():
+                if path.resolve().parent == CSRC:
+                    return f"the engine's source file {path.name}"
+                try:
+                    texts.append(path.read_text(errors="replace"))
+                except OSError:
+                    pass
+            else:
+                texts.append(text)
+    return engine_source_used(texts)
+
+
+def _iterable(value: object) -> bool:
+    return isinstance(value, list | tuple | set | dict)
+
+
 def _refuse_engine(why: str) -> originality.EngineReference:
-    text = (
-        f"your build compiles the engine's own C++ ({why}): the lab asks you to write the kernel, not to "
+    return originality._refuse(
+        f"your build compiles or loads the engine's own C++ ({why}): the lab asks you to write the kernel, not to "
         "build minisgl/kernels/csrc (graded 0 until then)"
     )
-    originality.FOUND.append(text)
-    return originality.EngineReference(text)
-
-
-@contextmanager
-def _watched_load_inline() -> Iterator[None]:
-    """``tvm_ffi.cpp.load_inline`` refusing the engine's sources while the student's build runs."""
-    import tvm_ffi.cpp
-
-    real = tvm_ffi.cpp.load_inline
-
-    def load_inline(name, *args, **kwargs):
-        why = engine_source_used(kwargs.get("cpp_sources"), kwargs.get("extra_include_paths")) or engine_source_used(
-            kwargs.get("cuda_sources")
-        )
-        if why:
-            raise _refuse_engine(why)
-        return real(name, *args, **kwargs)
-
-    tvm_ffi.cpp.load_inline = load_inline
-    try:
-        yield
-    finally:
-        tvm_ffi.cpp.load_inline = real
 
 
 def _failure_file(source: str) -> Path:
@@ -136,35 +171,35 @@ def build() -> object:
     ``AssertionError`` with the compiler's first errors and a hint."""
     if _built:
         return _built[0]
-    with _watched_load_inline():  # before the lab file is imported: it may bind load_inline at import
-        source = require(STEM, "cpp_source")()
-        why = engine_source_used(source)
-        if why:
-            raise _refuse_engine(why)
-        failed = _failure_file(source) if isinstance(source, str) else None
-        if failed is not None and failed.exists():
-            raise CompileError(failed.read_text())
-        try:
-            _built.append(require(STEM, "build")())
-            return _built[0]
-        except FileNotFoundError as e:  # tvm_ffi runs ninja, which runs the compiler
-            raise AssertionError(
-                f"the C++ build could not start ({e}): lab 13 needs a C++ compiler and ninja (the README says how "
-                "to install them)"
-            ) from None
-        except RuntimeError as e:
-            if "ninja" not in str(e) and "error" not in str(e):
-                raise
-            message = (
-                "your C++ source did not compile. The compiler's first errors:\n"
-                f"{compiler_errors(str(e), source if isinstance(source, str) else '')}\n"
-                "hint: read the first error; a missing ';' or '}', a misspelt TensorView method (size, stride, "
-                "data_ptr, byte_offset, dtype, ndim), a template argument or a missing #include are the usual causes"
-            )
-            if failed is not None and "error:" in str(e):  # a compiler's verdict, not a missing tool
-                failed.parent.mkdir(parents=True, exist_ok=True)
-                failed.write_text(message)
-            raise CompileError(message) from None
+    # while grading, every loader refuses the engine's C++ for lab code (originality.LABS["lab13"])
+    source = require(STEM, "cpp_source")()
+    why = engine_source_used(source)
+    if why:
+        raise _refuse_engine(why)
+    failed = _failure_file(source) if isinstance(source, str) else None
+    if failed is not None and failed.exists():
+        raise CompileError(failed.read_text())
+    try:
+        _built.append(require(STEM, "build")())
+        return _built[0]
+    except FileNotFoundError as e:  # tvm_ffi runs ninja, which runs the compiler
+        raise AssertionError(
+            f"the C++ build could not start ({e}): lab 13 needs a C++ compiler and ninja (the README says how "
+            "to install them)"
+        ) from None
+    except RuntimeError as e:
+        if "ninja" not in str(e) and "error" not in str(e):
+            raise
+        message = (
+            "your C++ source did not compile. The compiler's first errors:\n"
+            f"{compiler_errors(str(e), source if isinstance(source, str) else '')}\n"
+            "hint: read the first error; a missing ';' or '}', a misspelt TensorView method (size, stride, "
+            "data_ptr, byte_offset, dtype, ndim), a template argument or a missing #include are the usual causes"
+        )
+        if failed is not None and "error:" in str(e):  # a compiler's verdict, not a missing tool
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            failed.write_text(message)
+        raise CompileError(message) from None
 
 
 def paged_decode(q, k, v, slots, lens, out, scale: float) -> None:

@@ -38,10 +38,13 @@ class Mutant:
     hint: str = ""  # a phrase the message of must_fail[0] must contain (the hint for this pitfall)
     why: str = ""
     kind: str = "pitfall"  # or one of KINDS
+    route: str = ""  # a probe's route to the engine's answer (probes.ROUTES)
 
     def __post_init__(self):
         if self.kind != "pitfall" and self.kind not in KINDS:
             raise ValueError(f"mutant {self.name}: kind {self.kind!r} is not 'pitfall' or one of {sorted(KINDS)}")
+        if self.route and self.kind != "engine_reference":
+            raise ValueError(f"mutant {self.name}: a probe (route {self.route!r}) is of kind engine_reference")
 
     @property
     def lab(self) -> str:
@@ -58,6 +61,8 @@ class Mutant:
         score 0 on every test) is graded on its ``must_fail`` tests and their randomized partners
         (``partners``: ``{fixed: random}`` short names) only: each run costs seconds."""
         engine = sorted({name.split("[")[0] for name in self.must_fail if name.startswith("engine_")})
+        if self.route:  # a probe: one refusal zeroes the lab, wherever it happens
+            return " or ".join(sorted({name.split("[")[0] for name in self.must_fail}))
         if self.kind in ("pitfall", "engine_reference"):
             return " or ".join(["not engine", *engine])
         names = {name.split("[")[0] for name in self.must_fail}
@@ -96,7 +101,10 @@ def lab_modules() -> list:
 
 
 def all_mutants() -> list[Mutant]:
-    return [m for module in lab_modules() for m in module.MUTANTS]
+    """Every lab's mutants, then the probes of the routes to the engine's answer (``probes.py``)."""
+    from mutants.probes import PROBES
+
+    return [m for module in lab_modules() for m in module.MUTANTS] + PROBES
 
 
 def all_equivalents() -> list[Mutant]:

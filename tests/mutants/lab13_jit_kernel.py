@@ -205,7 +205,7 @@ MUTANTS = [
             ),
         ),
         must_fail=("docstring_example", "random_batches_match_torch"),
-        hint="your build compiles the engine's own C++",
+        hint="your build compiles or loads the engine's own C++",
         why="build() compiles the engine's paged_decode.cc (and a line of glue) instead of cpp_source()",
         kind="engine_reference",
     ),

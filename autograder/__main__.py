@@ -248,6 +248,19 @@ def _graded(stems: list[str], jobs: int, grade: Callable[[str], dict]):
             yield futures[done], done.result()
 
 
+def print_hints(stems: list[str] | None) -> int:
+    """The hints of ``stems`` (every lab: None), one block per lab: what each stub asks for, then how."""
+    hints = json.loads((HERE / "hints.json").read_text()) if (HERE / "hints.json").exists() else {}
+    for stem in stems or sorted(known_labs().values()):
+        rows = hints.get(stem, [])
+        print(
+            f"{stem}: " + ("no hints (the docstring and the failing tests' messages are the guide)" if not rows else "")
+        )
+        for row in rows:
+            print(f"  {row['where']}: {row['what']}\n    hint: {row['hint']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m autograder", description="Grade the course labs.")
     ap.add_argument("labs", nargs="*", help="labs to grade (lab01, 06, lab06_radix_cache); default: all found")
@@ -262,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("-j", "--jobs", type=int, default=1, help="labs graded in parallel (default 1)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
+    ap.add_argument("--hint", action="store_true", help="print the labs' hints (how, in words) instead of grading")
     args = ap.parse_args(argv)
     start = time.monotonic()
     try:
+        if args.hint:
+            return print_hints(pick_labs(args.labs, impl.resolve_folder(args.impl)) if args.labs else None)
         folder = impl.resolve_folder(args.impl)
         if not folder.is_dir():
             raise GraderError(f"{args.impl!r} is not a folder (looked for {folder})")

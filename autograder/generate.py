@@ -2,16 +2,19 @@
 
 A solution file is copied line for line, except that each region
 
-    # BEGIN SOLUTION hint="split the node when the match ends inside its key"
+    # BEGIN SOLUTION what="the node split where the match ends inside its key" hint="slice key and value at n; ..."
     ...the solution...
     # END SOLUTION
 
-becomes one line at the indentation of the ``BEGIN`` marker:
+becomes one line at the indentation of the ``BEGIN`` marker, saying *what* is missing (never how):
 
-    raise NotImplementedError("Lab 06: split the node when the match ends inside its key")
+    raise NotImplementedError("Lab 06: the node split where the match ends inside its key (a hint: ...)")
 
-The lab number comes from the file name (``lab06_radix_cache.py`` -> ``Lab 06``). Docstrings,
-signatures, imports and helper code outside the regions reach the student unchanged.
+The ``hint`` (how, in words) is not in the stub: ``python -m autograder lab06 --hint`` prints it, from
+``autograder/hints.json``, which the generator writes next to the stubs. A region without ``what``
+says its ``hint`` in the stub (older labs). The lab number comes from the file name
+(``lab06_radix_cache.py`` -> ``Lab 06``). Docstrings, signatures, imports and helper code outside the
+regions reach the student unchanged.
 
 A student's work is never overwritten. ``labs/.generated.json`` records the SHA-256 of each lab
 file as the generator last wrote it. A lab file that still has that hash is the generator's own and
@@ -33,6 +36,7 @@ recorded lab is there.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import hashlib
 import json
@@ -50,7 +54,9 @@ MANIFEST = ".generated.json"  # in labs/: {"labs": {file name: sha256 of the stu
 BACKUP_DIR = ".backup"  # in labs/: edited labs that --force replaced (git ignores it)
 
 LAB_FILE = re.compile(r"^lab(\d\d)_[a-z0-9_]+\.py$")
-_BEGIN = re.compile(r'^(?P<indent>[ \t]*)# BEGIN SOLUTION(?:\s+hint="(?P<hint>[^"]*)")?\s*$')
+_BEGIN = re.compile(r'^(?P<indent>[ \t]*)# BEGIN SOLUTION(?P<attrs>(?:\s+(?:what|hint)="[^"]*")*)\s*$')
+_ATTR = re.compile(r'(what|hint)="([^"]*)"')
+HINTS = REPO / "autograder" / "hints.json"  # {lab stem: [{"where", "what", "hint"}]}: --hint prints them
 _END = re.compile(r"^[ \t]*# END SOLUTION\s*$")
 DEFAULT_HINT = "implement this part; the docstring above says what it must do"
 _ABOUT = "sha256 of each lab file as `python -m autograder.generate` last wrote it; never edit by hand"
@@ -67,19 +73,45 @@ def lab_number(path: Path) -> str:
     return m.group(1)
 
 
+@dataclass(frozen=True)
+class Region:
+    line: int  # of the BEGIN marker in the solution
+    what: str  # what is missing: the stub says it
+    hint: str  # how, in words: --hint says it
+
+
+def regions(source: str, name: str = "<solution>") -> list[Region]:
+    """The solution regions of ``source``, in order; raises ``GenerateError`` on a malformed marker."""
+    out = []
+    for lineno, line in enumerate(source.splitlines(), start=1):
+        begin = _BEGIN.match(line)
+        if "BEGIN SOLUTION" in line and begin is None:
+            raise GenerateError(f'{name}:{lineno}: malformed marker; write  # BEGIN SOLUTION what="..." hint="..."')
+        if begin is not None:
+            attrs = dict(_ATTR.findall(begin.group("attrs")))
+            out.append(Region(lineno, attrs.get("what", ""), attrs.get("hint", "")))
+    return out
+
+
+def stub_message(lab: str, region: Region) -> str:
+    if not region.what:
+        return f"Lab {lab}: {region.hint or DEFAULT_HINT}"
+    more = f" (a hint: python -m autograder lab{lab} --hint)" if region.hint else ""
+    return f"Lab {lab}: {region.what}{more}"
+
+
 def make_stub(source: str, lab: str, name: str = "<solution>") -> str:
     """The lab text for one solution text; raises ``GenerateError`` on unbalanced markers."""
     out: list[str] = []
     begin_line = 0
+    found = {r.line: r for r in regions(source, name)}
     for lineno, line in enumerate(source.splitlines(keepends=True), start=1):
         begin = _BEGIN.match(line.rstrip("\r\n"))
-        if "BEGIN SOLUTION" in line and begin is None:
-            raise GenerateError(f'{name}:{lineno}: malformed marker; write  # BEGIN SOLUTION hint="..."')
         if begin is not None:
             if begin_line:
                 raise GenerateError(f"{name}:{lineno}: BEGIN SOLUTION inside the region opened at line {begin_line}")
             begin_line = lineno
-            message = f"Lab {lab}: {begin.group('hint') or DEFAULT_HINT}"
+            message = stub_message(lab, found[lineno])
             out.append(f"{begin.group('indent')}raise NotImplementedError({json.dumps(message)})\n")
         elif _END.match(line.rstrip("\r\n")):
             if not begin_line:
@@ -95,6 +127,42 @@ def make_stub(source: str, lab: str, name: str = "<solution>") -> str:
     except SyntaxError as e:
         raise GenerateError(f"{name}: the generated stub does not compile ({e}); check the markers' indentation") from e
     return text
+
+
+def _enclosing(source: str, line: int) -> str:
+    """The qualified name of the function (or class) of ``source`` that holds ``line``."""
+    best, depth = "module level", -1
+
+    def visit(node, prefix: str, level: int) -> None:
+        nonlocal best, depth
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                if child.lineno <= line <= (child.end_lineno or child.lineno) and level > depth:
+                    best, depth = name, level
+                visit(child, f"{name}.", level + 1)
+
+    visit(ast.parse(source), "", 0)
+    return best
+
+
+def expected_hints(solutions: Path = SOLUTIONS_DIR) -> dict[str, list[dict[str, str]]]:
+    """``{lab stem: [{"where", "what", "hint"}, ...]}`` of the regions that have a hint behind a ``what``."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for p in sorted(p for p in solutions.glob("lab*.py") if LAB_FILE.match(p.name)):
+        source = p.read_text()
+        rows = [
+            {"where": _enclosing(source, r.line), "what": r.what, "hint": r.hint}
+            for r in regions(source, f"solutions/{p.name}")
+            if r.what and r.hint
+        ]
+        if rows:
+            out[p.stem] = rows
+    return out
+
+
+def hints_text(solutions: Path = SOLUTIONS_DIR) -> str:
+    return json.dumps(expected_hints(solutions), indent=1, ensure_ascii=False) + "\n"
 
 
 def expected_labs(solutions: Path = SOLUTIONS_DIR) -> dict[str, str]:
@@ -180,6 +248,8 @@ def differences(solutions: Path = SOLUTIONS_DIR, labs: Path = LABS_DIR) -> list[
         elif not (labs / name).exists():
             problems.append(f"labs/{name} is missing")
     problems += [f"labs/{MANIFEST} records {n}, which has no solution" for n in sorted(set(recorded) - set(want))]
+    if labs.resolve() == LABS_DIR.resolve() and (not HINTS.exists() or HINTS.read_text() != hints_text(solutions)):
+        problems.append(f"{HINTS.relative_to(REPO)} is not the hints of solutions/")
     return problems + committed_differences(labs)
 
 
@@ -231,6 +301,8 @@ def write_labs(solutions: Path = SOLUTIONS_DIR, labs: Path = LABS_DIR, force: bo
         hashes[name] = digest(text)
     out.strays = sorted(p.name for p in labs.glob("lab*.py") if LAB_FILE.match(p.name) and p.name not in want)
     write_manifest(labs, hashes)
+    if labs.resolve() == LABS_DIR.resolve():
+        HINTS.write_text(hints_text(solutions))
     return out
 
 

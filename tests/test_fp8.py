@@ -14,11 +14,11 @@ from greedy_compare import LogitRecorder
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.kv_calibrate import calibration_ids
 from minisgl.kvcache import KVPool
 from minisgl.kvcache.pool import head_scales
-from minisgl.layers.fp8 import fp8_rows, quantize_fp8
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
+from minisgl.quant.fp8 import FP8Linear, fp8_rows, quantize_linears
+from minisgl.quant.kv_calibrate import calibration_ids
 
 FP8 = torch.float8_e4m3fn
 PROMPTS = [[5, 6, 7, 8, 9] * 6, [100] * 30, list(range(3, 60))]
@@ -141,7 +141,7 @@ def test_a_pool_smaller_than_the_calibration_text_calibrates_on_what_fits(tiny_q
     """Two 16-token pages hold 32 of the calibration text's ~190 tokens: the engine starts, its scales come from
     those 32 (the largest stored value of each head in [224, 448]: just over 224 rounds to 224 in FP8), and
     it says so."""
-    with caplog.at_level("WARNING", logger="minisgl.engine.kv_calibrate"):
+    with caplog.at_level("WARNING", logger="minisgl.quant.kv_calibrate"):
         llm = LLM(str(tiny_qwen3), dtype="bfloat16", kv_cache_dtype="fp8_e4m3", num_pages=2, page_size=16)
     said = re.search(r"the KV pool holds 32 of the (\d+) calibration tokens: calibrating on those", caplog.text)
     assert said and int(said.group(1)) > 100
@@ -206,8 +206,9 @@ def test_fp8_rows_error_is_bounded_per_row():
 def test_fp8_weights_quantize_the_linear_layers_only(tiny_qwen3):
     llm = LLM(str(tiny_qwen3), dtype="float32", quantization="fp8", num_pages=256)
     model = llm.scheduler.engine.model
-    linear = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    linear = [m for m in model.modules() if isinstance(m, FP8Linear)]
     assert linear and all(m.weight.dtype == FP8 and m.weight_scale.shape == (1, m.weight.shape[0]) for m in linear)
+    assert not [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
     assert model.model.embed_tokens.weight.dtype == torch.float32 and model.lm_head.weight.dtype == torch.float32
     (out,) = llm.generate([list(range(3, 40))], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert len(out.token_ids) == 4
@@ -223,7 +224,9 @@ def test_an_fp8_layer_computes_w8a8():
     layer.weight.data.copy_(w), layer.bias.data.copy_(b)
     x = torch.randn(2, 5, 64, generator=g) * 3
     full = layer(x)
-    assert quantize_fp8(layer) == 1 and layer.weight.dtype == FP8
+    model = torch.nn.Sequential(layer)
+    assert quantize_linears(model) == 1 and model[0].weight.dtype == FP8
+    layer = model[0]
 
     def rounded(t):  # per row: scale to 448, round to e4m3, scale back
         s = t.abs().amax(-1, keepdim=True) / 448

@@ -1,5 +1,5 @@
-"""The FP8 layers' Triton kernels (``minisgl/kernels/fp8_quant.py``) and the fused activations between
-FP8 layers (``minisgl/layers/fp8.py``) against the torch code they replace.
+"""The FP8 layers' Triton kernels (``minisgl/quant/fp8_kernels.py``) and the fused activations between
+FP8 layers (``minisgl/quant/fp8.py``) against the torch code they replace.
 
 On a GPU the kernels run compiled; elsewhere under Triton's interpreter. The interpreter's float32 ->
 FP8 conversion drops the carry of a rounding into the exponent (125.8 becomes 64, not 128) and its
@@ -21,11 +21,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined, i.e. on first import
 
-from minisgl.kernels import fp8_quant  # noqa: E402
-from minisgl.layers import fp8  # noqa: E402
-from minisgl.layers.fp8 import FP8Linear, Unscaled, fp8_rows  # noqa: E402
 from minisgl.models.config import ModelConfig  # noqa: E402
 from minisgl.models.decoder import DecoderLayer  # noqa: E402
+from minisgl.quant import fp8  # noqa: E402
+from minisgl.quant import fp8_kernels as fp8_quant  # noqa: E402
+from minisgl.quant.fp8 import FP8Linear, Unscaled, fp8_rows  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 TORCH_OF = {(8, 3): FP8, (16, 7): torch.bfloat16, (16, 10): torch.float16}
@@ -162,15 +162,15 @@ def test_qk_norm_rope_applies_an_fp8_layers_scales(norm):
 
 def test_fused_decoder_layer_equals_the_unfused_one(monkeypatch):
     """One FP8 decoder layer in float32 (no rounding to tell the paths apart), with its neighbours' fused
-    kernels (``fuse_fp8``: the norms quantize, SwiGLU quantizes, o_proj / gate_up / down leave their
-    scales to the next kernel) and without: the same hidden state and residual. The fused run really
+    kernels (``fuse_neighbours``' modules: the norms quantize, SwiGLU quantizes, o_proj / gate_up / down
+    leave their scales to the next kernel) and without: the same hidden state and residual. The fused run really
     handed over ``QuantRows`` and ``Unscaled`` (counted), and a consumer left with an ``Unscaled`` that
     cannot fuse (a swapped-in activation) materializes it."""
     if DEVICE == "cpu":  # cuBLASLt's role on the CPU: torch's _scaled_mm, and the kernels interpreted
         from minisgl.kernels import triton_kernels
         from minisgl.layers import rotary
 
-        monkeypatch.setattr(fp8, "fp8_quant_fn", lambda x: fp8_quant)
+        monkeypatch.setattr(fp8, "kernels", lambda x: fp8_quant)
         monkeypatch.setattr(rotary, "triton_ops", lambda x: triton_kernels)
     cfg = ModelConfig(
         model_type="qwen3", vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
@@ -186,26 +186,29 @@ def test_fused_decoder_layer_equals_the_unfused_one(monkeypatch):
         for p in block.parameters():
             p.data.normal_(0, 0.2)
     seen = []
-    original = FP8Linear.__call__
+    original = FP8Linear.product
 
-    def counting(self, layer, x):
-        y = original(self, layer, x)
+    def counting(self, x):
+        y = original(self, x)
         seen.append((type(x).__name__, type(y).__name__))
         return y
 
-    monkeypatch.setattr(FP8Linear, "__call__", counting)
-    fp8.quantize_fp8(block)
+    monkeypatch.setattr(FP8Linear, "product", counting)
+    fp8.quantize_linears(block)
     for m in block.modules():
-        if getattr(m, "fp8", None) is not None:
-            m.fp8.scaled_mm = True
+        if isinstance(m, FP8Linear):
+            m.scaled_mm = True
     x = torch.randn(5, 64, device=DEVICE)
     res = torch.randn(5, 64, device=DEVICE)
     block.self_attn.attn.forward = lambda q, k, v: q  # attention itself is not this test's subject
     pos = torch.arange(5, device=DEVICE)
     plain = block(pos, x.clone(), res.clone())
-    block.input_layernorm.quantize = block.post_attention_layernorm.quantize = block.mlp.quantize_act = True
+    # the layer as fuse_neighbours leaves it (it walks a whole model: here one layer, by hand)
+    for norm in (block.input_layernorm, block.post_attention_layernorm):
+        norm.__class__, norm.quantize = fp8.FP8RMSNorm, True
+    block.mlp.__class__, block.self_attn.__class__ = fp8.FP8DecoderMLP, fp8.FP8DecoderAttention
     for lin in (block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
-        lin.fp8.defer = True
+        lin.defer = True
     seen.clear()
     fused = block(pos, x.clone(), res.clone())
     # qkv, o_proj, gate_up, down
@@ -213,7 +216,8 @@ def test_fused_decoder_layer_equals_the_unfused_one(monkeypatch):
     assert isinstance(fused[0], Unscaled)
     torch.testing.assert_close(fused[0].materialize(), plain[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused[1], plain[1], rtol=1e-5, atol=1e-5)
-    block.mlp.quantize_act = False  # a consumer that does not fuse: down_proj gets a materialized tensor
+    block.mlp.act = lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1]  # a swapped-in activation does not
+    # fuse: it gets gate_up's product materialized, and down_proj a tensor
     seen.clear()
     again = block(pos, x.clone(), res.clone())
     assert seen[2:] == [("QuantRows", "Unscaled"), ("Tensor", "Unscaled")]

@@ -386,8 +386,8 @@ def test_fp8_quant_kernel_is_bit_equal_to_torch(dtype):
     """The Triton per-token quantization (one kernel) returns fp8_rows' bytes and scales exactly: widths
     below, at and across its 4,096-column block, strided rows, a zero row (scale 1e-12), rows whose
     values saturate or underflow FP8, and no rows at all."""
-    from minisgl.kernels.fp8_quant import quant_rows
-    from minisgl.layers.fp8 import fp8_rows
+    from minisgl.quant.fp8 import fp8_rows
+    from minisgl.quant.fp8_kernels import quant_rows
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for k in (3, 128, 4096, 5120, 17408):
@@ -407,8 +407,8 @@ def test_fp8_quant_kernel_is_bit_equal_to_torch(dtype):
 def test_fp8_scaled_linear_equals_the_rowwise_scaled_mm():
     """The engine's FP8 product (cuBLASLt with unit scales, then both scales in one float32 pass) is
     torch's rowwise-scaled ``_scaled_mm`` up to one rounding to bf16."""
-    from minisgl.kernels.fp8_quant import quant_rows, scaled_linear
-    from minisgl.layers.fp8 import fp8_rows
+    from minisgl.quant.fp8 import fp8_rows
+    from minisgl.quant.fp8_kernels import quant_rows, scaled_linear
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("FP8 tensor cores need Hopper")
@@ -428,22 +428,24 @@ def test_fp8_weights_use_scaled_mm_on_hopper_and_match_the_emulation(gpu_models)
     """``--quantization fp8`` on an H100/H200: each layer is one ``torch._scaled_mm`` whose output is
     the CPU's emulation of the same rounding, up to bf16 output rounding and summation order; the engine
     runs on it with graphs and overlap."""
-    from minisgl.layers.fp8 import CUBLASLT_UP_TO, quantize_fp8
     from minisgl.layers.linear import ColumnParallelLinear
+    from minisgl.quant.fp8 import CUBLASLT_UP_TO, quantize_linears
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("FP8 tensor cores need Hopper")
     with torch.device("cuda"):
         layer = ColumnParallelLinear(256, [512]).to(torch.bfloat16)
     layer.weight.data.normal_()
-    quantize_fp8(layer)
-    assert layer.fp8.scaled_mm
+    model = torch.nn.Sequential(layer)
+    quantize_linears(model)
+    layer = model[0]
+    assert layer.scaled_mm
     # both GEMMs: cuBLASLt with the rescaling pass up to CUBLASLT_UP_TO rows, the rowwise-scaled one above
     for rows in (37, CUBLASLT_UP_TO, CUBLASLT_UP_TO + 1):
         x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
-        layer.fp8.scaled_mm = True
+        layer.scaled_mm = True
         got = layer(x)
-        layer.fp8.scaled_mm = False
+        layer.scaled_mm = False
         want = layer(x)
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max()))
     tokens, logits, llm = run(gpu_models["qwen3"], cuda_graph_max_bs=8, quantization="fp8")
@@ -454,10 +456,10 @@ def test_fp8_weights_use_scaled_mm_on_hopper_and_match_the_emulation(gpu_models)
 
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
 def test_fp8_fused_neighbours_match_the_unfused_engine(gpu_models, model, monkeypatch):
-    """``fuse_fp8``: the norms and SwiGLU quantize the next FP8 layer's input, o_proj / gate_up / down
+    """``fuse_neighbours``: the norms and SwiGLU quantize the next FP8 layer's input, o_proj / gate_up / down
     leave their scales to the next kernel. The engine (graphs, overlap) gives the unfused engine's
     tokens (``MINISGL_FP8_FUSED=0``) up to near-ties, and a decode batch really takes the fused path."""
-    from minisgl.layers.fp8 import QuantRows, Unscaled
+    from minisgl.quant.fp8 import FP8DecoderMLP, QuantRows, Unscaled
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("FP8 tensor cores need Hopper")
@@ -471,7 +473,7 @@ def test_fp8_fused_neighbours_match_the_unfused_engine(gpu_models, model, monkey
     assert_same_greedy((tokens, logits), unfused, atol=FUSED_LOGIT_ATOL)
     layers = llm.scheduler.engine.model.model.layers
     block = layers[0]
-    assert block.input_layernorm.quantize and block.mlp.quantize_act and block.mlp.down_proj.fp8.defer
+    assert block.input_layernorm.quantize and isinstance(block.mlp, FP8DecoderMLP) and block.mlp.down_proj.defer
     x = torch.randn(3, block.input_layernorm.weight.shape[0], device="cuda", dtype=torch.bfloat16)
     q = block.input_layernorm(x)
     assert isinstance(q, QuantRows) and q.q.dtype == torch.float8_e4m3fn

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
     {"attention"},  # backends over the KV pool
     {"layers"},  # norm, rotary, activation, TP linear/embedding, the attention layer
     {"models"},  # config, the decoder, weights
+    {"quant"},  # number formats applied to a loaded model (replacing its modules), KV-scale calibration
     {"engine"},  # model + memory + backend + sampler + CUDA graphs: one forward pass
     {"speculative"},  # drafters and the verifier (speculative decoding's seam)
     {"scheduler"},  # continuous batching over the engine; tensor-parallel replication

@@ -41,16 +41,16 @@ def auto_runs_flashinfer(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def resolve_backend_name(
-    name: str, device: torch.device, fp8_kv: bool = False, dtype: torch.dtype = torch.bfloat16
+    name: str, device: torch.device, quantized_kv: bool = False, dtype: torch.dtype = torch.bfloat16
 ) -> str:
-    """``auto`` -> ``fa3,fi`` on Hopper with FlashInfer (``fi`` with an FP8 KV cache, which FA3 does
+    """``auto`` -> ``fa3,fi`` on Hopper with FlashInfer (``fi`` with a quantized KV cache, which FA3 does
     not read next to bf16 queries), ``fi`` on other GPUs with it, else ``torch``, which is also what a
     float32 model gets on a GPU (FlashInfer's kernels run in float16/bfloat16 only); aliases become
     their canonical names."""
     if name == "auto":
         if auto_runs_flashinfer(device, dtype):
             hopper = torch.cuda.get_device_capability(device)[0] == 9
-            return "fa3,fi" if hopper and not fp8_kv else "fi"
+            return "fa3,fi" if hopper and not quantized_kv else "fi"
         return "torch"
     return ",".join(BACKENDS.canonical(part) for part in name.split(","))
 

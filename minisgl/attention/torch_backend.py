@@ -12,7 +12,7 @@ one SDPA call over the padded batch would need it; lesson 04 reads it. On a CPU 
 
 Decode batches (one query per request) skip the gather: on a CPU a C++ kernel
 (``minisgl/kernels``) reads K/V rows in place; elsewhere the same math runs in torch (and reads an
-FP8 pool, which the kernel does not). The FlashInfer backends read pages in place for both.
+quantized pool, which the kernel does not). The FlashInfer backends read pages in place for both.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class TorchBackend(AttentionBackend):
     def forward(self, q, k, v, layer_id: int, batch: Batch) -> torch.Tensor:
         md: TorchMetadata = batch.attn_metadata
         self.pool.store(layer_id, batch.out_loc, k, v)
-        q = self.pool.scale_queries(layer_id, q)  # an FP8 pool's per-head scales (KVPool); else q itself
+        q = self.pool.scale_queries(layer_id, q)  # a quantized pool's per-head scales (KVPool); else q itself
         out = self._attend(q, k, v, layer_id, md)
         return self.pool.scale_output(layer_id, out)
 
@@ -93,7 +93,7 @@ class TorchBackend(AttentionBackend):
             qi = q[row : row + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, D]
             if start == 0 and not self.pool.quantized:  # a fresh prompt: its keys are this pass's
                 ki, vi, mask = k[row : row + n], v[row : row + n], None
-            else:  # after a cached prefix (or an FP8 pool: read what the pool stores)
+            else:  # after a cached prefix (or a quantized pool: read what the pool stores)
                 end = start + n
                 slots = md.kv_slots[i, :end]
                 ki = self.pool.k_slots(layer_id)[slots].to(q.dtype)

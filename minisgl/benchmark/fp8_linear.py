@@ -3,7 +3,7 @@
 ``torch._scaled_mm`` with a scale per token and per output row (CUTLASS); and the engine's path, the
 Triton quantization, ``_scaled_mm`` with unit scales (cuBLASLt) and one rescaling pass
 (``fp8_quant.scaled_linear``); and that GEMM alone, which is all a decode layer runs when its neighbours
-quantize its input and apply its scales (``layers/fp8.py``).
+quantize its input and apply its scales (``minisgl/quant/fp8.py``).
 
     python -m minisgl.benchmark.fp8_linear --model Qwen3-14B --json minisgl/benchmark/results/h200-fp8-linear.json
 
@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.benchmark.decode_ops import graph_us
-from minisgl.kernels.fp8_quant import quant_rows, scaled_linear
-from minisgl.layers.fp8 import fp8_rows
 from minisgl.models.config import ModelConfig
 from minisgl.models.resolve import resolve_model
+from minisgl.quant.fp8 import fp8_rows
+from minisgl.quant.fp8_kernels import quant_rows, scaled_linear
 
 
 def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -55,7 +55,7 @@ def row(name: str, k: int, n: int, m: int) -> dict:
         "fp8 fused quant": graph_us(lambda: mm(*quant_rows(x)), 50),
         "fp8 fused, cuBLASLt": graph_us(lambda: scaled_linear(*quant_rows(x), wt, ws, one, torch.bfloat16), 50),
         "quant alone": graph_us(lambda: quant_rows(x), 50),
-        # with fuse_fp8 a decode layer is this alone: its input comes quantized, its scales go to the next
+        # with its neighbours fused a decode layer is this alone: its input comes quantized, its scales go to the next
         # kernel, its product rounded to bf16 (FP8Linear.acc_dtype; the 2026-12-03 record kept float32)
         "fp8 GEMM alone": graph_us(lambda: torch._scaled_mm(xq, wt, one, one, out_dtype=torch.bfloat16), 50),
     }

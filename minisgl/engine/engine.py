@@ -18,17 +18,15 @@ from minisgl.core import Batch
 from minisgl.distributed import get_tp_info, init_distributed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
-from minisgl.engine.kv_calibrate import calibrate_kv_scales, calibration_ids
 from minisgl.engine.logprobs import SampleExtras, log_probs, score, score_prompt
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
-from minisgl.env import ENV
 from minisgl.kernels.jit import cpu_module
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
-from minisgl.layers.fp8 import quantize_fp8
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.resolve import resolve_model
 from minisgl.models.weights import init_dummy_weights, load_weights, pack_on_huge_pages
+from minisgl.quant import calibrate_kv, quantize
 from minisgl.tokenizer import load_tokenizer
 from minisgl.utils import keep_freed_memory, nvtx_range
 
@@ -80,9 +78,9 @@ class Engine:
             config.attention_backend, self.kv_pool, self.table, self.local_heads, cfg.head_dim
         )
         self.tokenizer = None  # loaded here only for the calibration text; the LLM then takes this one
-        if self.kv_pool.quantized:  # per-head FP8 scales from one prefill of a real text, before any graph
+        if self.kv_pool.quantized:  # per-head scales from one prefill of a real text, before any graph
             self.tokenizer = load_tokenizer(self.model_path)
-            calibrate_kv_scales(self, calibration_ids(self.tokenizer, cfg.vocab_size, self.max_seq_len))
+            calibrate_kv(self, self.tokenizer)
         self.sampler = SAMPLERS.get(parts.sampler)()
         self.graph_runner = None
         if self.device.type == "cuda":
@@ -111,10 +109,8 @@ class Engine:
             init_dummy_weights(model, seed=self.config.seed)
         else:
             load_weights(model, self.model_path)
-        if self.config.quantization == "fp8":
-            logger.info("FP8 weights: %d linear layers quantized", quantize_fp8(model))
-            if ENV.fp8_fused:
-                logger.info("FP8 weights: %d quantization or scaling passes fused", model.fuse_fp8())
+        if self.config.quantization is not None:
+            quantize(model, self.config.quantization)
         if self.device.type == "cpu":
             pack_on_huge_pages(model)
         return model.eval()

@@ -41,16 +41,6 @@ def triton_ops(x: torch.Tensor):
     return _triton() if x.is_cuda else None
 
 
-def fp8_quant_fn(x: torch.Tensor):
-    """The module ``fp8_quant`` (Triton: ``quant_rows``, ``scaled_linear``) for ``x`` on a GPU with
-    Triton, else None (``fp8_rows`` and ``_scaled_mm`` in torch)."""
-    if not x.is_cuda or _triton() is None:
-        return None
-    from minisgl.kernels import fp8_quant
-
-    return fp8_quant
-
-
 def fused_ops(x: torch.Tensor):
     """The fused norm/rope/activation kernels that can take ``x``, else None: FlashInfer's module on a
     GPU, ``cpu_fused`` (C++, same signatures) for a few tokens on the CPU. Decode is hundreds of tiny
@@ -67,19 +57,17 @@ def fused_ops(x: torch.Tensor):
 def kv_store_fn(k: torch.Tensor, v: torch.Tensor, head_dim: int, cache_dtype: torch.dtype | None = None):
     """The fused K/V store for these rows, ``fn(k_slots, v_slots, loc, k, v)``, or None (torch's
     scatters). ``MINISGL_KV_STORE`` picks it; one that cannot run here falls back to the next of
-    tvm_ffi, triton, torch. Both kernels need each row's heads contiguous (rows may be strided). Into an
-    FP8 cache (``cache_dtype``) from bf16/fp16 rows only the TVM FFI kernel stores, quantizing on the way."""
+    tvm_ffi, triton, torch. Both kernels need each row's heads contiguous (rows may be strided). Into a
+    narrower cache (``cache_dtype``, a quantized pool) only the TVM FFI kernel stores, converting on the way."""
     if not k.is_cuda or not ENV.fused_kernels or ENV.kv_store == "torch":
         return None
     if any(t.stride(-1) != 1 or t.stride(-2) != head_dim for t in (k, v)):
         return None
     convert = cache_dtype is not None and cache_dtype != k.dtype
-    if convert and (cache_dtype != torch.float8_e4m3fn or k.dtype not in (torch.bfloat16, torch.float16)):
-        return None
     if ENV.kv_store == "tvm_ffi":
         from minisgl.kernels import jit_store
 
-        if jit_store.available():
+        if jit_store.available() and (not convert or jit_store.converts(k.dtype, cache_dtype)):
             return jit_store.store_kv
     tri = _triton()
     return tri.store_kv if tri is not None and tri.can_fuse(head_dim) and not convert else None

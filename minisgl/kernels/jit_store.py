@@ -40,6 +40,12 @@ def available() -> bool:
     return _module() is not None
 
 
+def converts(src: torch.dtype, cache: torch.dtype) -> bool:
+    """Whether :func:`store_kv` stores rows of ``src`` into slots of ``cache`` (another dtype): a
+    float8_e4m3fn cache from bfloat16 or float16 rows."""
+    return cache == torch.float8_e4m3fn and src in (torch.bfloat16, torch.float16)
+
+
 def store_kv(
     k_slots: torch.Tensor,
     v_slots: torch.Tensor,

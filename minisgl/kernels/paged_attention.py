@@ -43,7 +43,7 @@ def paged_decode_attention_torch(q, k_pool, v_pool, slots, lens, scale: float) -
     """The reference: gather each request's K/V, mask the padding, softmax in float32."""
     bsz, heads, dim = q.shape
     kv_heads = k_pool.shape[1]
-    # [B, Hkv, L, D], in q's dtype (a pool may store them narrower: FP8)
+    # [B, Hkv, L, D], in q's dtype (a pool may store them narrower)
     keys, values = k_pool[slots].to(q.dtype).transpose(1, 2), v_pool[slots].to(q.dtype).transpose(1, 2)
     qg = q.view(bsz, kv_heads, heads // kv_heads, dim)
     scores = (qg @ keys.transpose(-1, -2)).float() * scale

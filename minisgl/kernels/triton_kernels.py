@@ -54,7 +54,7 @@ def _qk_norm_rope_kernel(
     src = qkv_ptr + t * qkv_stride + heads * D + d  # q heads then k heads, back to back in qkv
     x1 = tl.load(src, mask=valid, other=0.0)
     x2 = tl.load(src + half, mask=valid, other=0.0)
-    if UNSCALED:  # an FP8 GEMM's float32 product (layers/fp8.py): its scales, rounded as the unfused pass does
+    if UNSCALED:  # a quantized layer's product before its scales (minisgl/quant/): rounded as the unfused pass does
         rs = tl.load(rs_ptr + t)
         x1 = (x1.to(tl.float32) * rs * tl.load(cs_ptr + heads * D + d, mask=valid, other=0.0)).to(DTYPE)
         x2 = (x2.to(tl.float32) * rs * tl.load(cs_ptr + heads * D + half + d, mask=valid, other=0.0)).to(DTYPE)
@@ -108,8 +108,8 @@ def qk_norm_rope(
     when weights are given, then rotated with the ``[cos | sin]`` table at ``positions``; v is the V part,
     a view into ``qkv``.
 
-    With ``row_scale`` [tokens, 1] and ``col_scale`` [1, width], ``qkv`` is an FP8 GEMM's product
-    before its scales (``layers/fp8.py``'s ``Unscaled``, ``dtype`` the model's): the kernel applies them,
+    With ``row_scale`` [tokens, 1] and ``col_scale`` [1, width], ``qkv`` is a quantized layer's product
+    before its scales (``minisgl/quant/``'s ``Unscaled``, ``dtype`` the model's): the kernel applies them,
     V's too, into a contiguous ``[tokens, kv_heads, head_dim]`` of its own."""
     n = qkv.shape[0]
     unscaled = row_scale is not None

@@ -13,7 +13,7 @@ The pool may store K/V in a narrower dtype than the model computes in (``--kv-ca
 as. FP8 values are stored divided by a scale per layer and KV head (``k_scale``, ``v_scale``:
 ``[num_layers, kv_heads]``), then clamped to the format's range (+-448: a cast of a larger value gives
 NaN, not the largest value). With a scale of 1, values below 2^-6 (FP8's smallest normal) lose bits
-and values past 448 saturate; ``minisgl/engine/kv_calibrate.py`` sets the scales at load from the
+and values past 448 saturate; ``minisgl/quant/kv_calibrate.py`` sets the scales at load from the
 largest |K| and |V| each head produced on a real text.
 
 Every scale is a power of two, so dividing by it and multiplying back are exact in any float format:

@@ -8,7 +8,7 @@ decoder block pairs them: ``qkv`` (column) -> attention -> ``o_proj`` (row), and
 Each parameter carries a ``weight_loader(param, loaded, shard_id)`` that copies this rank's slice of
 a checkpoint tensor; ``loaded`` is a tensor or a lazy safetensors slice, sliced before reading.
 
-With ``--quantization fp8`` a layer's product is its ``fp8`` attribute's (``minisgl.layers.fp8``).
+A quantized model has these layers replaced after loading (``minisgl/quant/``).
 """
 
 from __future__ import annotations
@@ -65,12 +65,7 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"checkpoint slice {tuple(rows.shape)} != parameter slice {tuple(dst.shape)}")
         dst.copy_(rows)
 
-    fp8: Any = None  # an FP8Linear once layers/fp8.quantize_fp8 ran
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fp8 is not None:
-            y = self.fp8(self, x)
-            return y if self.bias is None else y + self.bias
         return linear(x, self.weight, self.bias)
 
 
@@ -125,8 +120,6 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"checkpoint slice {tuple(cols.shape)} != parameter shape {tuple(param.shape)}")
         param.data.copy_(cols)
 
-    fp8: Any = None  # an FP8Linear once layers/fp8.quantize_fp8 ran
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(linear(x, self.weight) if self.fp8 is None else self.fp8(self, x))
+        y = all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from minisgl.kernels import fused_ops
-from minisgl.layers import fp8
 from minisgl.registry import Registry
 
 NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -38,15 +37,7 @@ class RMSNorm(nn.Module):
         self.impl = impl if impl is not None else NORMS.get("default")
         self.fusable = NORMS.is_default(self.impl)  # a swapped-in norm always runs itself
 
-    # set by DecoderForCausalLM.fuse_fp8: the next layer is FP8, so hand it its input quantized
-    quantize = False
-
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if self.quantize or not isinstance(x, torch.Tensor):  # FP8 layers around (layers/fp8.py)
-            out = fp8.rms_norm(self, x, residual, self.quantize) if self.fusable else None
-            if out is not None:
-                return out
-            x = fp8.materialize(x)
         fi = fused_ops(x) if self.fusable else None
         if fi is not None:  # one kernel instead of ~8 (the weight multiply happens in float32 there)
             if residual is None:

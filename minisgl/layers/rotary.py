@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from minisgl.kernels import fused_ops, triton_ops
-from minisgl.layers import fp8
 from minisgl.registry import Registry
 
 
@@ -94,19 +93,25 @@ class RotaryEmbedding(nn.Module):
     def rotate_qkv(self, positions: torch.Tensor, qkv, heads: int, kv_heads: int, q_norm=None, k_norm=None):
         """q and k out of a fused projection ``[tokens, (heads + 2 * kv_heads) * head_dim]``, each
         normed per head first when ``q_norm``/``k_norm`` are given (Qwen3), then rotated, and v. Returns
-        ``q [tokens, heads, head_dim]``, ``k`` and ``v [tokens, kv_heads, head_dim]``. On a GPU, one Triton
-        kernel does it all, but only when every part is the engine's own; it also takes an FP8 layer's
-        output before its scales (``layers/fp8.py``'s ``Unscaled``) and applies them."""
+        ``q [tokens, heads, head_dim]``, ``k`` and ``v [tokens, kv_heads, head_dim]``."""
+        fused = self.fused_qk_norm_rope(positions, qkv, heads, kv_heads, q_norm, k_norm)
+        if fused is not None:
+            return fused
         d = self.head_dim
-        own_norms = q_norm is None or (q_norm.fusable and k_norm.fusable)
-        src, *scales = fp8.kernel_args(qkv)
-        tri = triton_ops(src) if self.fusable and own_norms else None
-        if tri is not None and tri.can_fuse(d):
-            qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
-            eps = q_norm.eps if q_norm is not None else 0.0
-            return tri.qk_norm_rope(src, positions, self.cos_sin, heads, kv_heads, d, qw, kw, eps, *scales)
-        q, k, v = fp8.materialize(qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
         q, k = q.view(-1, heads, d), k.view(-1, kv_heads, d)
         if q_norm is not None:
             q, k = q_norm(q), k_norm(k)
         return *self(positions, q, k), v.view(-1, kv_heads, d)
+
+    def fused_qk_norm_rope(self, positions, qkv, heads: int, kv_heads: int, q_norm=None, k_norm=None, scales=()):
+        """What :meth:`rotate_qkv` returns, from one Triton kernel on a GPU, or None where it cannot run
+        (the CPU, a part that is not the engine's own). ``scales``: ``(row_scale, col_scale, dtype)`` when
+        ``qkv`` is a product still to be scaled (a quantized layer's, ``minisgl/quant/``), applied as read."""
+        own_norms = q_norm is None or (q_norm.fusable and k_norm.fusable)
+        tri = triton_ops(qkv) if self.fusable and own_norms else None
+        if tri is None or not tri.can_fuse(self.head_dim):
+            return None
+        qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
+        eps = q_norm.eps if q_norm is not None else 0.0
+        return tri.qk_norm_rope(qkv, positions, self.cos_sin, heads, kv_heads, self.head_dim, qw, kw, eps, *scales)

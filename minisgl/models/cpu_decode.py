@@ -36,7 +36,7 @@ def takes(layer) -> bool:
         (mlp.gate_up_proj, MergedColumnParallelLinear),
         (mlp.down_proj, RowParallelLinear),
     ]
-    plain = all(type(m) is kind and m.bias is None and m.fp8 is None for m, kind in linears)
+    plain = all(type(m) is kind and m.bias is None for m, kind in linears)  # a quantized layer is another type
     own_math = all(n.fusable for n in norms) and attn.rotary[0].fusable and ACTIVATIONS.is_default(mlp.act)
     return plain and own_math
 

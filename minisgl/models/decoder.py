@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.distributed import get_tp_info
-from minisgl.layers import AttentionLayer, LayerImpls, RMSNorm, RotaryEmbedding, fp8
-from minisgl.layers.activation import ACTIVATIONS
+from minisgl.layers import AttentionLayer, LayerImpls, RMSNorm, RotaryEmbedding
 from minisgl.models import cpu_decode
 from minisgl.models.config import ModelConfig
 
@@ -47,15 +45,9 @@ class DecoderMLP(nn.Module):
         self.gate_up_proj = impls.tp.merged_column(cfg.hidden_size, [inter, inter], cfg.mlp_bias)
         self.down_proj = impls.tp.row(inter, cfg.hidden_size, cfg.mlp_bias)
         self.act = impls.activation
-        self.quantize_act = False  # set by fuse_fp8: SwiGLU hands down_proj its input quantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gate_up_proj(x)
-        if self.quantize_act:
-            q = fp8.silu_and_mul_quant(h)  # None where the fused kernel cannot run
-            if q is not None:
-                return self.down_proj(q)
-        return self.down_proj(self.act(fp8.materialize(h)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -126,29 +118,3 @@ class DecoderForCausalLM(nn.Module):
         (the last token of each request: the only ones a sampler needs)."""
         hidden = self.model(input_ids, positions)
         return self.lm_head(hidden[logit_idx])
-
-    def fuse_fp8(self) -> int:
-        """After ``quantize_fp8``: let the kernels around each FP8 layer quantize its input and apply its
-        output's scales (``layers/fp8.py``), so neither takes a pass of its own. Only the engine's own norm,
-        rotary and SwiGLU fuse (a swapped-in one gets a plain tensor); a row-parallel layer over several
-        ranks hands its all-reduce a real tensor. Returns how many passes were fused away."""
-        fused, tp = 0, get_tp_info().size
-        blocks = self.model.layers
-        for i, block in enumerate(blocks):
-            attn, mlp = block.self_attn, block.mlp
-            after_down = blocks[i + 1].input_layernorm if i + 1 < len(blocks) else self.model.norm
-            produced = [(block.input_layernorm, attn.qkv_proj), (block.post_attention_layernorm, mlp.gate_up_proj)]
-            for norm, linear in produced:  # the norm quantizes the layer's input
-                norm.quantize = norm.fusable and getattr(linear, "fp8", None) is not None
-                fused += norm.quantize
-            mlp.quantize_act = ACTIVATIONS.is_default(mlp.act) and getattr(mlp.down_proj, "fp8", None) is not None
-            fused += mlp.quantize_act
-            rope = attn.rotary[0].fusable and (not attn.qk_norm or (attn.q_norm.fusable and attn.k_norm.fusable))
-            consumed = [(attn.qkv_proj, rope, True), (attn.o_proj, block.post_attention_layernorm.fusable, tp == 1)]
-            consumed += [(mlp.gate_up_proj, mlp.quantize_act, True), (mlp.down_proj, after_down.fusable, tp == 1)]
-            for linear, takes, alone in consumed:  # the next kernel applies the output's scales
-                fp8_layer = getattr(linear, "fp8", None)
-                if fp8_layer is not None and linear.bias is None and alone and takes:
-                    fp8_layer.defer = True
-                    fused += 1
-        return fused

@@ -1,7 +1,7 @@
 """Per-token FP8 quantization of a linear layer's input in one Triton kernel (``--quantization fp8``
 on Hopper).
 
-``minisgl.layers.linear.fp8_rows`` in torch is six kernels a layer (abs, amax, divide, clamp, cast,
+``minisgl.quant.fp8.fp8_rows`` in torch is six kernels a layer (abs, amax, divide, clamp, cast,
 and the scale's own arithmetic); a decode step of Qwen3-0.6B runs 112 quantized layers, so those
 kernels alone cost more than the FP8 GEMMs save. Here one program quantizes one row: a pass over the
 row for its largest magnitude, a second pass that writes ``clamp(x / scale)`` as float8_e4m3fn. The
@@ -108,7 +108,7 @@ def scaled_linear(
     return rescale(torch._scaled_mm(xq, wq_t, one, one, out_dtype=torch.float32), xs, ws, dtype)
 
 
-# ---- the kernels on either side of an FP8 layer (layers/fp8.py: QuantRows in, Unscaled out) -------------
+# ---- the kernels on either side of an FP8 layer (fp8.py: QuantRows in, Unscaled out) -------------
 
 NORM_MAX_WIDTH = 16384  # a norm row is one block in registers
 

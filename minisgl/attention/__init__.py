@@ -1,6 +1,7 @@
 """Attention backends, picked by name (``BACKENDS``): ``torch`` (reference, any device), ``fi``
 (FlashInfer), ``fa3`` (FlashAttention-3 prefill through FlashInfer, Hopper; ``fa`` is mini-sglang's
-name for it), ``"prefill,decode"`` pairs, and ``auto``. GPU backends are imported only when chosen."""
+name for it), ``triton`` (the project's own Triton kernels, lesson 16), ``"prefill,decode"`` pairs, and
+``auto``. GPU backends are imported only when chosen."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ BACKENDS: Registry[type[AttentionBackend]] = Registry(
         "torch": TorchBackend,
         "fi": "minisgl.attention.flashinfer_backend:FlashInferBackend",
         "fa3": "minisgl.attention.flashinfer_backend:FA3Backend",
+        "triton": "minisgl.attention.triton_backend:TritonBackend",
     },
     aliases={"fa": "fa3", "flashinfer": "fi"},
 )

@@ -137,7 +137,7 @@ class EngineConfig:
     cache_type: str = option("radix", "prefix cache", "--cache-type", "--cache", choices=("radix", "naive"))
     attention_backend: str = option(
         "auto",
-        'auto, torch, fi, fa3 (or fa), or "PREFILL,DECODE" (e.g. fa3,fi)',
+        'auto, torch, fi, fa3 (or fa), triton, or "PREFILL,DECODE" (e.g. fa3,fi)',
         "--attention-backend",
         "--attn",
     )

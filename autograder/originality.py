@@ -144,9 +144,9 @@ LABS: dict[str, LabReferences] = {
             "minisgl.scheduler.admission:Optimistic",
             "minisgl.scheduler.admission:AdmissionPolicy.reserved_len",  # the interface's default is the answer
             "autograder.scheduler_sim:Reference",  # the grader's reference policy
-            "autograder.scheduler_sim:reference_fits",
+            "autograder.scheduler_sim:Probe",  # the grader's view of a context: whether a request fits, its rank
         ),
-        {"FairAdmission": ("reserved_len", "fits", "admit")},
+        {"CacheAwareAdmission": ("reserved_len", "admit")},
     ),
     "lab06": LabReferences(
         (
@@ -553,7 +553,31 @@ def _guard_module(module: types.ModuleType, qualnames: set[str], lab: str) -> No
         for c in _codes(code) + _codes(old):
             _state.reference_code.add(id(c))
             _state.keep.append(c)
+    for name in new:
+        if _kernel(vars(module).get(name)):
+            _guard_kernel(vars(module)[name], f"{module.__name__}.{name}", lab)
     done |= new
+
+
+def _kernel(value: Any) -> bool:
+    """A Triton kernel (``@triton.jit``: compiled from its source, so its code is not what runs on a GPU)."""
+    return hasattr(value, "fn") and hasattr(value, "run") and hasattr(value, "__getitem__")
+
+
+def _guard_kernel(kernel: Any, name: str, lab: str) -> None:
+    """Its launches (``kernel[grid](...)`` calls ``kernel.run``) refuse lab code, as a guarded function does."""
+    real, labs = kernel.run, {lab}
+
+    def run(*args, **kwargs):
+        where = _asking(sys._getframe(1), labs)
+        if where is not None:
+            raise _refuse(
+                f"your code launches the engine's own kernel {name} ({where}): the lab asks you to write it "
+                "(graded 0 until then)"
+            )
+        return real(*args, **kwargs)
+
+    kernel.run = run
 
 
 def _module_and_names(dotted: str, refs: set[str] = frozenset()) -> tuple[types.ModuleType, set[str]] | None:
@@ -573,7 +597,10 @@ def _module_and_names(dotted: str, refs: set[str] = frozenset()) -> tuple[types.
     defined = {
         name
         for name, value in vars(module).items()
-        if getattr(value, "__module__", None) == module_name and isinstance(value, type | types.FunctionType)
+        if getattr(value, "__module__", None) == module_name
+        and isinstance(value, type | types.FunctionType)
+        or _kernel(value)
+        and getattr(value.fn, "__module__", None) == module_name
     }
     if not qualname:  # the grader's helper functions (its classes are handed to lab code: fakes, recorders)
         helpers = {n for n in defined if isinstance(vars(module)[n], types.FunctionType)}

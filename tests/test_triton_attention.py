@@ -94,18 +94,21 @@ def test_extend_matches_torch_over_a_cached_prefix(dtype):
     assert err < TOL[dtype], f"max error {err}"
 
 
-def test_splits_fill_the_gpu_and_stop_at_four_blocks():
-    assert ta.num_splits(1, 8, 32768, programs=264) == 16  # one long request: cut into many parts
+def test_splits_fill_the_gpu_and_stop_at_two_blocks():
+    assert ta.num_splits(1, 8, 32768, programs=264) == 32  # one long request: cut into many parts
+    assert ta.num_splits(1, 2, 32768, programs=264) == ta.MAX_SPLITS  # and never into more than the most
     assert ta.num_splits(64, 8, 4096, programs=264) == 1  # enough programs without splitting
-    assert ta.num_splits(1, 8, 512, programs=264) == 2  # a short one: parts of at least 4 blocks
+    assert ta.num_splits(1, 8, 512, programs=264) == 4  # a short one: parts of at least 2 blocks
     assert ta.num_splits(2, 8, 100, programs=264) == 1
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_engine_on_triton_gives_the_torch_backends_tokens(kind, tiny_llama, tiny_qwen3):
+def test_engine_on_triton_gives_the_torch_backends_tokens(kind, tmp_path):
     """Prefill (one prompt over a block of queries), decode with ragged lengths, a second request whose
     prompt is a cached prefix plus three tokens, at pages of 1 and 16, and triton for prefill only."""
-    path = str(tiny_llama if kind == "llama" else tiny_qwen3)
+    from tiny_models import save_tiny_model
+
+    path = str(save_tiny_model(kind, tmp_path, tokenizer=False))
     prompts = [list(range(3, 3 + n)) for n in (5, 70)]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     outs = {}

@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="write the rows to this file")
     args = ap.parse_args(argv)
     rows = []
+    k, v, pages = pool(4, 1024, 8, 128)  # a first, untimed pass: the GPU's clocks up, the kernels compiled
+    q = torch.randn(4, 16, 128, device="cuda", dtype=torch.bfloat16)
+    time_flashinfer(q, k, v, pages, 1024, False), time_triton(q, k, v, pages, 1024)
     print(f"{torch.cuda.get_device_name()}; bfloat16, pages of {PAGE}, one layer")
     print(
         f"{'model':12} {'batch':>5} {'context':>7} {'splits':>6} {'triton us':>9} {'FI us':>8} {'ratio':>6} {'TB/s':>5}"

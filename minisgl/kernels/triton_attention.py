@@ -125,14 +125,17 @@ def _merge_kernel(
     tl.store(out_ptr + b * out_stride_b + h * out_stride_h + d, o.to(out_ptr.dtype.element_ty))
 
 
+MAX_SPLITS = 32
+
+
 def num_splits(batch_size: int, kv_heads: int, max_len: int, programs: int, block_n: int = 64) -> int:
     """How many parts to cut each request's keys into: enough programs (``batch * kv_heads * splits``) to
-    give every streaming multiprocessor ``programs // SMs`` of them, but no part shorter than 4 key blocks
-    of ``max_len``, and at most 16 (the merge then reads 16 partial rows a head). A batch of many
-    requests needs no split; one long request needs many."""
+    give every streaming multiprocessor ``programs // SMs`` of them, but no part shorter than 2 key blocks
+    of ``max_len``, and at most ``MAX_SPLITS`` (the merge reads that many partial rows a head). A batch of
+    many requests needs no split; one long request needs many."""
     want = triton.cdiv(programs, batch_size * kv_heads)
-    longest = triton.cdiv(max_len, 4 * block_n)
-    return max(1, min(16, want, longest))
+    longest = triton.cdiv(max_len, 2 * block_n)
+    return max(1, min(MAX_SPLITS, want, longest))
 
 
 def decode(

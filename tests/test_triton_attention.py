@@ -123,19 +123,26 @@ def test_engine_on_triton_gives_the_torch_backends_tokens(kind, tmp_path):
     assert all(v == base for v in outs.values()), outs
 
 
-def test_the_backend_refuses_what_it_cannot_run(tiny_llama, monkeypatch):
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the kernels are compiled: there is nothing to refuse")
+def test_the_backend_refuses_the_cpu_without_the_interpreter(tmp_path, monkeypatch):
+    from tiny_models import save_tiny_model
+
+    path = save_tiny_model("llama", tmp_path, tokenizer=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    if DEVICE == "cpu":
-        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-            LLM(str(tiny_llama), dtype="float32", attention_backend="triton", num_pages=64)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        LLM(str(path), dtype="float32", attention_backend="triton", num_pages=64)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_triton_with_cuda_graphs_and_overlap_matches_torch(kind, tmp_path):
-    """bfloat16 on a GPU, head_dim 128: the triton backend with CUDA graphs and the overlap loop gives the
-    torch backend's greedy tokens up to near-ties (greedy_compare), at batch sizes that take 1 and several
-    splits."""
+def test_triton_with_cuda_graphs_and_overlap_matches_torch(kind, dtype, tmp_path):
+    """On a GPU, head_dim 128: the triton backend with CUDA graphs and the overlap loop gives the torch
+    backend's greedy tokens up to near-ties (greedy_compare), at batch sizes that take 1 and several
+    splits. In float32 (IEEE products) the logits agree to 1e-3, which any wrong index or mask breaks;
+    in bfloat16 the kernels round the probabilities and sum in another order than torch's SDPA, and
+    over a few layers and steps that moves a logit by up to about one (test_gpu.py's fused-kernel
+    tolerance)."""
     from greedy_compare import LogitRecorder, compare_greedy
     from tiny_models import HEAD_DIM_128, save_tiny_model
 
@@ -143,10 +150,10 @@ def test_triton_with_cuda_graphs_and_overlap_matches_torch(kind, tmp_path):
     prompts = [[(7 * i + j) % 4000 + 3 for j in range(20 + 37 * i)] for i in range(12)]
     runs = {}
     for backend in ("torch", "triton"):
-        llm = LLM(str(path), dtype="bfloat16", attention_backend=backend, num_pages=4096, cuda_graph_max_bs=16)
+        llm = LLM(str(path), dtype=dtype, attention_backend=backend, num_pages=4096, cuda_graph_max_bs=16)
         rec = LogitRecorder(llm.scheduler.engine)
         outs = llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True), use_tqdm=False)
         runs[backend] = ([o.token_ids for o in outs], rec)
         llm.shutdown()
-    share = compare_greedy(prompts, *runs["triton"], *runs["torch"], atol=0.1)
+    share = compare_greedy(prompts, *runs["triton"], *runs["torch"], atol=1e-3 if dtype == "float32" else 1.0)
     assert share >= 0.5, f"near-ties cut the comparison to {share:.0%} of the tokens"

@@ -9,8 +9,9 @@ llama.cpp's ``convert_hf_to_gguf.py --outtype bf16``. Decode speed excludes the 
 first token: for llama.cpp ``(n - 1) / (t_n - t_1)`` over the streamed tokens, for minisgl (whose
 offline API does not stream) ``n - 1`` tokens over the time of an ``n``-token run less a 1-token run.
 Median of ``--repeats`` rounds after a warm-up round, each engine once per round (so drift in a shared
-machine's speed hits every engine alike); both greedy, ``n`` tokens each (EOS ignored or banned),
-every core unless ``--threads`` says otherwise.
+machine's speed hits every engine alike); both greedy on the same prompt ids, ``n`` tokens each (EOS
+ignored: minisgl's ``ignore_eos``, llama.cpp's ``generate`` loop, which never checks for it), every core
+unless ``--threads`` says otherwise.
 """
 
 from __future__ import annotations
@@ -52,22 +53,26 @@ def minisgl_runner(dtype: str, tokens: int):
 
 
 def llama_cpp_runner(gguf: str, tokens: int, threads: int):
+    """llama.cpp on the same prompt ids (the model's chat template applied by its HF tokenizer, as for
+    minisgl), through ``Llama.generate``: llama.cpp's own greedy sampler, and no EOS check (each run
+    decodes ``tokens`` tokens), so no per-token Python work beyond the loop's (an EOS ban through
+    ``logit_bias`` would run a Python logits processor over the whole vocabulary at every token: it cut
+    llama.cpp to a third of its speed on this benchmark)."""
     from llama_cpp import Llama
 
+    from minisgl.models.embedded import embedded_model_path
+    from minisgl.tokenizer import apply_chat_template, load_tokenizer
+
     llm = Llama(gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
-    eos = llm.token_eos()
+    ids = apply_chat_template(load_tokenizer(embedded_model_path()), [{"role": "user", "content": PROMPT}])
 
     def run() -> float:
         stamps = []
-        for _ in llm.create_chat_completion(
-            [{"role": "user", "content": PROMPT}],
-            max_tokens=tokens,
-            temperature=0.0,
-            stream=True,
-            logit_bias={eos: -1e9},  # as ignore_eos: every run decodes `tokens` tokens
-        ):
+        for _ in llm.generate(ids, temp=0.0, reset=True):
             stamps.append(time.perf_counter())
-        return decode_rate(stamps[1:-1])  # the first chunk is the role; the last the finish
+            if len(stamps) == tokens:
+                break
+        return decode_rate(stamps)
 
     return run, llm.close
 

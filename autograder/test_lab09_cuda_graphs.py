@@ -80,21 +80,61 @@ SIZE_CASES = [
     (256, 1 << 20, 152_064, 1 << 30, "Qwen3-0.6B-like: bfloat16 logits per row, 1 MiB per graph, a 1 GiB budget"),
     (17, 5, 3, 5 * 5 + 3 * (17 + 1 + 2 + 4 + 8 + 16), "exactly everything: every candidate fits"),
 ]
+# costs that do not grow with the batch (a kernel's workspace that jumps at some sizes): a candidate that does
+# not fit is skipped, and a larger one after it may still fit
+TABLE_CASES = [
+    # (max_bs, {bs: cost}, budget, why)
+    (
+        40,
+        {1: 10, 2: 10, 4: 10, 8: 10, 16: 60, 32: 12, 40: 40},
+        92,
+        "16 (60 bytes) does not fit beside 40, 1, 2, 4 and 8; 32 (12 bytes) still does, to exactly 92",
+    ),
+    (
+        40,
+        {1: 5, 2: 50, 4: 5, 8: 5, 16: 5, 32: 5, 40: 10},
+        30,
+        "2 (50 bytes) never fits; 4, 8 and 16 after it do, to exactly 30; 32 no longer does",
+    ),
+]
+
+
+def table_cost(table: dict[int, int]):
+    return lambda bs: table[bs]
+
+
+def stop_at_first_misfit(max_bs: int, budget: float, cost) -> list[int]:
+    """What a plan that stops at the first candidate over the budget would choose (the pitfall)."""
+    if cost(max_bs) > budget:
+        return []
+    taken, spent = [max_bs], cost(max_bs)
+    for bs in REFERENCE.sizes(max_bs, INF, cost)[:-1]:
+        if spent + cost(bs) > budget:
+            break
+        taken.append(bs)
+        spent += cost(bs)
+    return sorted(taken)
 
 
 @points(9)
 def test_sizes_under_budget():
-    """max_bs first ([] if it alone is over budget), then the candidates smallest first while the total
-    cost stays within the budget; ascending."""
+    """max_bs first ([] if it alone is over budget), then each candidate, smallest first, that still fits
+    beside what was taken (one that does not is skipped, and a later one may fit); ascending."""
     plan = lab.make_plan()
-    for max_bs, per_graph, per_row, budget, why in SIZE_CASES:
-        cost = linear_cost(per_graph, per_row)
+    cases = [(m, linear_cost(g, r), b, f"cost(bs) = {g} + {r} * bs", why) for m, g, r, b, why in SIZE_CASES]
+    cases += [(m, table_cost(t), b, f"costs {t}", why) for m, t, b, why in TABLE_CASES]
+    for max_bs, cost, budget, costs, why in cases:
         got, want = plan.sizes(max_bs, budget, cost), REFERENCE.sizes(max_bs, budget, cost)
         if got == want:
             continue
         spent = sum(cost(bs) for bs in got) if isinstance(got, list) else None
         if spent is not None and spent > budget:
             hint = f"sizes over the budget: they cost {spent} bytes, the budget is {budget}"
+        elif got == stop_at_first_misfit(max_bs, budget, cost):
+            hint = (
+                "stopped at the first candidate that does not fit: costs need not grow with the batch, so a "
+                "larger candidate after it may still fit (skip the misfit and go on)"
+            )
         elif got == [] and cost(max_bs) == budget:
             hint = f"max_bs alone costs exactly the budget ({budget}): it fits (no graphs only when cost > budget)"
         elif isinstance(got, list) and set(got) < set(want) and sum(map(cost, want)) == budget:
@@ -113,8 +153,7 @@ def test_sizes_under_budget():
         else:
             hint = "after max_bs, take the candidates from the smallest up while the total stays within budget"
         raise AssertionError(
-            f"sizes(max_bs={max_bs}, budget={budget}, cost(bs) = {per_graph} + {per_row} * bs) returned {got}, "
-            f"expected {want} ({why}):\n{hint}"
+            f"sizes(max_bs={max_bs}, budget={budget}, {costs}) returned {got}, expected {want} ({why}):\n{hint}"
         )
 
 
@@ -124,23 +163,28 @@ def _prefers_large(got, want: list[int], max_bs: int) -> bool:
     return bool(rest_got) and (not rest_want or max(rest_got) > max(rest_want))
 
 
-def check_sizes(plan, max_bs: int, budget: int, per_graph: int, per_row: int) -> None:
-    cost = linear_cost(per_graph, per_row)
+def check_sizes(plan, max_bs: int, budget: int, cost, costs: str) -> None:
     got, want = plan.sizes(max_bs, budget, cost), REFERENCE.sizes(max_bs, budget, cost)
-    where = f"sizes(max_bs={max_bs}, budget={budget}, cost(bs) = {per_graph} + {per_row} * bs)"
+    where = f"sizes(max_bs={max_bs}, budget={budget}, {costs})"
     assert got == sorted(set(got)), f"{where} returned {got}: sizes must be ascending, each once"
     assert not got or got[-1] == max_bs, f"{where} returned {got}: max_bs = {max_bs} must be the last size"
     spent = sum(cost(bs) for bs in got)
     assert spent <= budget, f"{where} returned {got}: sizes over the budget ({spent} bytes > {budget})"
+    if got != want and got == stop_at_first_misfit(max_bs, budget, cost):
+        raise AssertionError(
+            f"{where} returned {got}, expected {want}: stopped at the first candidate that does not fit (a larger "
+            "one after it may still fit: costs need not grow with the batch)"
+        )
     assert got == want, f"{where} returned {got}, expected {want} (max_bs first, then the smallest while they fit)"
 
 
 @points(5)
 def test_sizes_random():
-    """Random max_bs, per-graph and per-row costs and budgets: ascending, max_bs last, within the budget,
-    and the reference's choice."""
-    check_sizes(lab.make_plan(), 40, 60, 0, 1)  # a stub fails here
+    """Random max_bs, costs (growing with the batch, or a random cost per size) and budgets: ascending,
+    max_bs last, within the budget, and the reference's choice."""
+    check_sizes(lab.make_plan(), 40, 60, linear_cost(0, 1), "cost(bs) = bs")  # a stub fails here
     _sizes_random()
+    _sizes_random_table()
 
 
 @settings(max_examples=150)
@@ -153,7 +197,16 @@ def test_sizes_random():
 def _sizes_random(max_bs, per_graph, per_row, share):
     cost = linear_cost(per_graph, per_row)
     total = sum(cost(bs) for bs in REFERENCE.sizes(max_bs, INF, cost))
-    check_sizes(lab.make_plan(), max_bs, int(total * share), per_graph, per_row)
+    check_sizes(lab.make_plan(), max_bs, int(total * share), cost, f"cost(bs) = {per_graph} + {per_row} * bs")
+
+
+@settings(max_examples=100)
+@given(max_bs=st.integers(1, 300), seed=st.integers(0, 10**6), share=st.floats(0.0, 1.2))
+def _sizes_random_table(max_bs, seed, share):
+    rng = random.Random(seed)
+    table = {bs: rng.randrange(0, 100) for bs in REFERENCE.sizes(max_bs, INF, float)}
+    budget = int(sum(table.values()) * share)
+    check_sizes(lab.make_plan(), max_bs, budget, table_cost(table), f"costs {table}")
 
 
 # ---- bucket -----------------------------------------------------------------------------------------
@@ -405,13 +458,14 @@ def _padding_random(n, extra, seed):
 # ---- use_graph: which batches run in a graph --------------------------------------------------------
 @points(5)
 def test_use_graph():
-    """Only a decode batch that a captured size holds (1 <= n <= sizes[-1]) runs in a graph; a prefill or
-    mixed batch, a batch past the largest graph and every batch when nothing was captured run eagerly."""
+    """Only a decode batch of at least one request that a captured size holds runs in a graph; a prefill or
+    mixed batch, an empty batch, a batch past the largest graph and every batch when nothing was captured run
+    eagerly (n from 0 to two past the largest size)."""
     plan = lab.make_plan()
     for sizes in ([1, 2, 4, 8], [3, 5, 6], [7], [1, 2, 4, 8, 16, 32, 40], []):
         top = sizes[-1] if sizes else 4
         for phase in ("decode", "prefill"):
-            for n in range(1, top + 3):
+            for n in range(0, top + 3):
                 want = REFERENCE.use_graph(phase, n, list(sizes))
                 try:
                     got = plan.use_graph(phase, n, list(sizes))
@@ -429,6 +483,11 @@ def test_use_graph():
                         "a prefill or mixed batch sent to a graph: a graph replays one decode token per row; a "
                         "prefill (or a mixed batch, whose phase is 'prefill') runs eagerly"
                     )
+                elif got and n == 0 and phase == "decode":
+                    hint = (
+                        "an empty batch (n = 0) sent to a graph: there is nothing to replay; a graph runs a batch of "
+                        "at least one request"
+                    )
                 elif want and n == top:
                     hint = (
                         f"a batch of exactly sizes[-1] = {top} sent to eager mode: its own graph holds it "
@@ -441,7 +500,7 @@ def test_use_graph():
                 elif not isinstance(got, bool):
                     hint = "return a bool"
                 else:
-                    hint = "a decode batch of 1 <= n <= sizes[-1] runs in a graph"
+                    hint = "a decode batch of at least one request, no larger than the largest size, runs in a graph"
                 raise AssertionError(f"use_graph({phase!r}, {n}, {sizes}) returned {got!r}, expected {want}: {hint}")
 
 

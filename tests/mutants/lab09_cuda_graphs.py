@@ -2,9 +2,10 @@
 padding, capture order and pool, the eager fallback, the replay's output), one of each kind of
 ``mutants.KINDS`` that can occur here, a correct one written another way (``EQUIVALENT``), and two that the
 hidden tests catch (``HIDDEN_MUTANTS``: stopping at the first candidate over the budget, which skipping
-agrees with while costs grow with the batch, as in every visible test; and no ``ValueError`` for a batch
-larger than every graph, which the engine never sends: the visible
-``bucket_refuses_a_batch_past_the_largest`` now catches it too)."""
+agrees with while costs grow with the batch; and no ``ValueError`` for a batch larger than every graph, which
+the engine never sends). The visible tests now catch both too: ``sizes_under_budget`` and ``sizes_random``
+draw costs that do not grow with the batch, ``bucket_refuses_a_batch_past_the_largest`` asks one past the
+largest, and ``use_graph`` asks from an empty batch (n = 0) on."""
 
 from mutants import Mutant
 
@@ -251,6 +252,30 @@ MUTANTS = [
         hint="sent to eager mode",
         why="n < sizes[-1] for n <= sizes[-1]: a batch of exactly the largest size runs eagerly",
         kind="boundary",
+    ),
+    Mutant(
+        "use_graph_for_an_empty_batch",
+        STEM,
+        ((_HOLDS, "        return n <= sizes[-1]\n"),),
+        must_fail=("use_graph",),
+        hint="an empty batch (n = 0) sent to a graph",
+        why="no lower bound on n: a decode batch of no requests is sent to a graph (once asked only from n = 1)",
+        kind="boundary",
+    ),
+    Mutant(
+        "sizes_stop_at_first_misfit",
+        STEM,
+        (
+            (
+                "                spent = spent + cost(bs)\n",
+                "                spent = spent + cost(bs)\n            else:\n                break\n",
+            ),
+        ),
+        must_fail=("sizes_under_budget", "sizes_random"),
+        hint="stopped at the first candidate that does not fit",
+        why="stops at the first candidate over the budget: a later, cheaper one is never taken (once only a hidden "
+        "test drew costs that do not grow with the batch)",
+        kind="visible_on_cpu",
     ),
     Mutant(
         "replay_returns_the_padding",

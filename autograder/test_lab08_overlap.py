@@ -215,7 +215,7 @@ class RecordingPhases:
                     f"free({req!r}) in step {self.step}: batch {j} (launched in step {self.step_of(j)}) contains it "
                     f"and is not processed yet: freed early, while a launched batch still reads its row and KV "
                     f"pages ({req!r} finished in step {self.finished_at[req.name]}, {req.finished}; it rides along "
-                    f"in batch {j}). Keep it (self.held) and free it after batch {j} was processed"
+                    f"in batch {j}). Hold it back and free it after batch {j} was processed"
                 )
         req.freed = True
         self._record("free", req.name)

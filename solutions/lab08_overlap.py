@@ -14,34 +14,38 @@ the previous one, so the host's work hides behind the device's::
     overlap  host:   sched₁ launch₁ | sched₂ launch₂ wait process₁ | sched₃ launch₃ wait process₂ | ...
              device:        fwd₁··········|········ fwd₂·················|········ fwd₃···
 
-Contract (the grader runs your loop on a recording stand-in for the scheduler, then inside the real
-engine, against the plain loop's tokens; derive from ``SchedulerLoop`` and write ``step``,
-``free_finished`` and ``in_flight`` here: a class that derives from, calls or aliases the engine's
-``OverlapLoop`` or ``PlainLoop`` scores 0):
+Write it here (derive from ``SchedulerLoop``; write ``__init__``, ``step``, ``free_finished`` and
+``in_flight``): a class that derives from, calls or aliases the engine's ``OverlapLoop`` or ``PlainLoop``
+scores 0. The grader runs your loop on a recording stand-in for the scheduler's phases, then inside the real
+engine, against the plain loop's tokens. What must hold:
 
-* **One step.** ``sched.schedule()`` first: the next batch, planned from the state the previous
-  batches left (the scheduler advances a request's counters when it prepares a batch, so batch
-  ``i+1`` can be planned before batch ``i``'s tokens are known). If it is a batch:
-  ``info = sched.prepare(batch)``, ``tokens = sched.launch(batch, info)`` (the forward pass, queued
-  on the device; its inputs come from the token pool on the device, where ``launch`` of the batch
-  before wrote its samples), then ``sched.to_host(tokens)``, which starts the copy of the sampled
-  ids to the host and returns ``(host_tokens, ready)``. Only then, if a batch launched in an earlier
-  step is still pending: ``sched.wait(its ready)`` and ``sched.process(that batch, its host
-  tokens)``. The step returns what that ``process`` returned (``[]`` when nothing was processed).
-* **Keep the launched batch pending** in ``self.pending``: ``(batch, host_tokens, ready)`` for the next
-  step. Every launched batch is processed exactly once, in launch order, in the step after its launch.
-* **Drain.** When ``schedule()`` returns None there is nothing to launch (never call ``prepare``
-  with None), but the pending batch, if any, is still processed and its tokens returned.
-* **Memory.** ``process`` finishes requests (EOS, length) but does not free them, and ``abort`` (from
-  outside, between steps) finishes one too: ``sched.take_finished()`` returns each finished request
-  once, still holding its table row and KV pages. The loop gives them back, ``sched.free(req)``, once
-  per request, at the end of each step (after its ``process``): a finished request is freed in the
-  first step after which no launched, unprocessed batch contains it (``batch.reqs``). After step ``n``
-  the only such batch is the one step ``n`` launched, so: free it now unless that batch has it, else
-  keep it in ``self.held`` and free it at the end of the next step. Not earlier (the memory is still
-  read), not later (memory held for nothing keeps waiting requests out), never twice.
-* ``in_flight`` is True exactly while a launched batch waits to be processed (the scheduler keeps
-  stepping while it is: ``Scheduler.has_work``).
+* **One new batch a step, planned first.** A ``step()`` asks ``schedule()`` once, first. A batch it returns
+  is prepared, launched and its tokens' copy to the host started (``to_host``) in that same step, before
+  the host waits for or processes anything; ``None`` means nothing new (nothing is prepared or launched).
+* **One step behind.** Every launched batch is processed exactly once, in launch order, in the step after
+  the one that launched it, after that step's new batch (if any) was launched and its copy started: the
+  device always has the next batch queued while the host works. ``process`` gets the batch's host copy
+  (what ``to_host`` returned first for it, never ``launch``'s device tensor), and only after ``wait`` on
+  that batch's own ready handle. The step returns what ``process`` returned, ``[]`` when it processed
+  nothing.
+* **Drain.** A step whose ``schedule()`` returns ``None`` still processes the batch launched in the step
+  before; after it nothing is in flight.
+* ``in_flight`` is True exactly while a launched batch waits to be processed (the scheduler keeps stepping
+  while it is: ``Scheduler.has_work``).
+* **Memory.** ``process`` finishes requests (EOS, length) without freeing them, and an abort (between
+  steps) finishes one too: ``take_finished()`` returns each finished request once, still holding its
+  table row and KV pages. Each must be given back, ``free(req)``, exactly once, at the end of a step (after
+  its ``process``): in the first step after which no launched, unprocessed batch contains it
+  (``batch.reqs``). Not earlier (the memory is still read), not later (memory held for nothing keeps
+  waiting requests out).
+
+Example: ``schedule()`` returns batches A, B, then ``None`` twice; request ``r`` samples EOS in A but is
+already in B (it rides along), request ``q`` reaches its length limit in A (the planner knew: it is not in B)::
+
+    step 1: schedule -> A, prepare A, launch A, to_host(A)                      returns []
+    step 2: schedule -> B, prepare B, launch B, to_host(B), wait A, process A  returns A's tokens; free q
+    step 3: schedule -> None, wait B, process B                                  returns B's tokens; free r
+    step 4: schedule -> None                                                     returns []
 
 Why the tokens are the plain loop's: nothing batch ``i+1`` needs comes from the host. A request that
 finished in batch ``i`` (it sampled EOS) is not known to be finished when batch ``i+1`` is planned: it
@@ -99,13 +103,15 @@ class OverlapLoop(SchedulerLoop):
 
     def __init__(self, sched: Phases):
         super().__init__(sched)
+        # BEGIN SOLUTION what="the loop's state between two steps" hint="the launched, unprocessed batch with what to_host returned for it (or None), and the finished requests held back"
         self.pending: tuple[Batch, torch.Tensor, Any] | None = None  # launched, not processed yet
         self.held: list[Req] = []  # finished, but the pending batch still contains them
+        # END SOLUTION
 
     def step(self) -> list[TokenEvent]:
         """Launch the next batch (if any), process the one launched in the previous step, then free
         what no batch in flight reads (``free_finished``)."""
-        # BEGIN SOLUTION hint="schedule; prepare, launch, to_host a batch; wait, process self.pending; free_finished"
+        # BEGIN SOLUTION what="one step of the overlap loop" hint="schedule; if a batch: prepare, launch, to_host; then, if one is pending: wait for it, process it; free_finished(the new batch); the new batch becomes the pending one"
         s = self.sched
         batch = s.schedule()
         launched = None
@@ -124,10 +130,10 @@ class OverlapLoop(SchedulerLoop):
         # END SOLUTION
 
     def free_finished(self, in_flight: Batch | None) -> None:
-        """After this step's ``process``: free every finished request (``self.held`` and what
-        ``take_finished()`` returns now) that ``in_flight``, the batch this step launched (None: none),
-        does not contain; the others stay in ``self.held`` for the next step."""
-        # BEGIN SOLUTION hint="each of self.held + take_finished(): free it unless in_flight has it; hold the rest"
+        """After this step's ``process``: free every finished request (those held back in earlier steps and
+        what ``take_finished()`` returns now) that ``in_flight``, the batch this step launched (None: none),
+        does not contain; hold the others back for the next step."""
+        # BEGIN SOLUTION what="finished requests freed or held back" hint="for each held request and each one take_finished() returns now: free it unless in_flight contains it; hold the rest for the next step"
         s = self.sched
         reading = set(in_flight.reqs) if in_flight is not None else set()
         keep = []
@@ -142,6 +148,6 @@ class OverlapLoop(SchedulerLoop):
     @property
     def in_flight(self) -> bool:
         """A launched batch whose tokens are not processed yet."""
-        # BEGIN SOLUTION hint="whether a launched batch is pending"
+        # BEGIN SOLUTION what="whether a launched batch waits to be processed" hint="whether one is pending"
         return self.pending is not None
         # END SOLUTION

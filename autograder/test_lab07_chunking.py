@@ -289,10 +289,20 @@ def test_budget_starts_the_clock():
             hint = "no clock while requests decode: each waits for this batch, so its time is the gap to bound"
         elif not n and got != INF:
             hint = "a clock while nothing decodes: nobody waits, so no time limit (needless chunks otherwise)"
-        elif got < want:
-            hint = "less than a whole batch's time: budget must start the clock afresh, not keep what was left"
+        elif got == 0.0:
+            hint = (
+                "the clock was not started afresh: the first batch left 0 s (set here by the test) and this budget() "
+                "kept it, so every batch after the first gets less time"
+            )
+        elif got == cost.per_token * busy:
+            hint = (
+                "the clock left out the attention term: a busy-token chunk from position 0 also pays per_pair for "
+                "each of its (query, key) pairs"
+            )
+        elif got == chunk_time(cost, 0, idle):
+            hint = "the clock is the idle budget's time: while requests decode it is the time of a busy-token chunk"
         else:
-            hint = "chunk_time(cost, 0, busy): the time of a busy-token chunk from position 0"
+            hint = "while requests decode the clock is the modelled time of a busy-token chunk from position 0"
         raise AssertionError(f"after budget{batch} with cost {cost}, time_left is {got!r}, expected {want}: {hint}")
 
 

@@ -19,38 +19,44 @@ token under that gap)::
 You implement three parts (``minisgl.scheduler.chunking`` defines ``PrefillCost``, the interface
 ``ChunkingPolicy``, and its docstrings say where the scheduler asks each method):
 
-* ``chunk_time(cost, start, end)``: the time of computing positions ``[start, end)`` of one request:
-  ``cost.per_token`` per new token plus ``cost.per_pair`` per (query, key) pair, where the token at
-  position ``p`` attends to the ``p + 1`` keys ``[0, p]`` (itself included), so a chunk after a cached
-  prefix pays for the prefix's keys too. ``end`` may be ``inf`` (then the time is ``inf``, even with
-  ``per_pair == 0``); ``start == end`` costs 0.
-* ``fit_cost(samples)``: the ``PrefillCost`` that best explains measured extends ``(start, end, seconds)``:
-  least squares of ``seconds ~ per_token * tokens + per_pair * pairs`` (no intercept), both coefficients
-  ``>= 0``. Solve the 2x2 normal equations; when the samples cannot tell the two apart (their
-  determinant is 0: every sample has the same pairs per token, a single sample included), or the fit
-  gives ``per_pair < 0``, fit ``per_token`` alone (``per_pair = 0``); when it gives ``per_token < 0``, fit
-  ``per_pair`` alone. Never a negative coefficient. Raise ``ValueError`` for no samples, or a sample whose
-  ``end <= start``.
+* ``chunk_time(cost, start, end)``: the modelled time of computing positions ``[start, end)`` of one request:
+  ``cost.per_token`` for each new token, plus ``cost.per_pair`` for each (query, key) pair it computes. The
+  token at position ``p`` attends to every position up to and including itself, so a chunk after a cached
+  prefix pays for the prefix's keys too. An empty range takes 0; an unlimited ``end`` (``inf``) takes
+  ``inf``, with ``per_pair == 0`` too. Examples (``per_token`` 1, ``per_pair`` 1/8): ``[0, 8)`` -> 12.5 (8
+  tokens, 36 pairs); ``[8, 13)`` -> 11.875; ``[5, 5)`` -> 0; ``[0, inf)`` -> ``inf``.
+* ``fit_cost(samples)``: the ``PrefillCost`` that best explains measured extends ``(start, end, seconds)``,
+  in the least-squares sense with no intercept (a sample's prediction is its ``chunk_time``) and no
+  negative coefficient: when the best fit would make one coefficient negative, that one is 0 and the other
+  is the best fit alone. When the samples cannot tell the two coefficients apart (every sample has the same
+  number of pairs per token, as a single sample always does), ``per_pair`` is 0. Examples: samples from
+  ``per_token`` 2, ``per_pair`` 1/4, exactly -> that model; the one sample ``(0, 4, 10.0)`` -> ``per_token``
+  2.5, ``per_pair`` 0. ``ValueError`` for no samples, or a sample that computes no token (its end not after
+  its start).
 * ``TimedChunking``, a ``ChunkingPolicy`` (write all three methods; ``__init__`` is given):
 
-  * ``budget(busy, idle, num_decoding)``: the tokens the batch may compute, ``busy`` while any request
-    decodes (``num_decoding > 0``), ``idle`` while none does (never assume ``idle >= busy``; either may be
-    ``inf``). It also starts the batch's clock, ``self.time_left``: while requests decode, the time of a
-    ``busy``-token chunk from position 0 (``chunk_time(cost, 0, busy)``: the gap the configuration
-    promises); while none does, ``inf`` (nobody waits: the first token as early as possible).
-  * ``extend_end(req, tokens_left)``: the extend starts at ``req.cached_len`` (a cached prefix, or the
-    chunks before); it ends at the largest ``end <= req.device_len`` (the prompt, plus the outputs of a
-    retracted request) with ``end - cached_len <= tokens_left`` and ``chunk_time(cost, cached_len, end) <=
-    self.time_left`` (exactly on the time left is allowed). At least one token: an extend is never empty,
-    so if not even ``cached_len + 1`` fits, the end is ``cached_len + 1`` (a target smaller than one
-    token's cost still makes progress; the cut ends the batch). Charge the extend's time to
-    ``self.time_left`` (several requests share one batch's clock) and return an ``int``.
-  * ``decode_first(after_chunk, num_decodable)``: True exactly when the last batch cut a prompt and some
-    request can decode; otherwise prefill first.
+  * ``budget(busy, idle, num_decoding)``: the tokens the next prefill batch may compute: ``busy`` while any
+    request decodes, ``idle`` while none does (either may be ``inf``; ``idle`` may be the smaller). It also
+    starts this batch's clock, ``self.time_left``, the modelled time the batch may still take: while
+    requests decode, the time of a ``busy``-token chunk from position 0 (the gap the configuration
+    promises the streams); while none does, unlimited (nobody waits: the first token as early as
+    possible). Every call starts it afresh. Examples with the cost above: ``(8, 64, 2)`` -> 8, clock 12.5;
+    ``(8, 64, 0)`` -> 64, clock ``inf``; ``(inf, 64, 1)`` with ``per_pair`` 0 -> ``inf``, clock ``inf``.
+  * ``extend_end(req, tokens_left)``: where ``req``'s extend in this batch ends (an ``int``). It starts at
+    the request's ``cached_len`` (a cached prefix, or the chunks before) and ends at the largest position,
+    at most the request's ``device_len`` (the prompt, plus the outputs of a retracted request), whose
+    extend has at most ``tokens_left`` tokens and a modelled time within the clock (a time exactly equal
+    to what is left fits). An extend is never empty: when not even one token fits, it is one token (it
+    makes progress; the cut ends the batch). The extend's time is charged to the clock, which the
+    requests of one batch share. Example (the cost above, after ``budget(8, 64, 2)``): a 40-token prompt
+    with nothing cached and 8 tokens left -> 8 (time 12.5, the whole clock); in the next batch, from 8 ->
+    13 (time 11.875; 14 would take 14.625).
+  * ``decode_first(after_chunk, num_decodable)``: whether the next batch decodes the running requests
+    before any prefill: exactly when the last batch cut a prompt and at least one request can decode.
 
-  The clock is the only state, and it lives for one batch (``budget`` resets it): no progress of a request
-  is kept (a retracted request starts over from its ``req.cached_len``; tensor-parallel ranks must decide
-  alike). With ``per_pair == 0`` its batches are exactly ``GreedyChunking``'s.
+  The clock is the only state, and it lives for one batch: no progress of a request is kept (a retracted
+  request starts over from its ``cached_len``; tensor-parallel ranks must decide alike). With
+  ``per_pair == 0`` its batches are exactly ``GreedyChunking``'s.
 
 Write it all here: a class or function that derives from, calls or aliases the engine's own chunking policies
 or cost functions scores 0.
@@ -65,8 +71,8 @@ Pitfalls the grader recognises (its messages name them):
 * a cut past the time left, or one token short of it (``<`` where the contract says ``<=``); an empty
   extend when no token fits; ignoring ``tokens_left`` or ``device_len`` (``prompt_len`` for a retracted
   request);
-* a clock that is not charged (two requests each take the whole gap), or not reset by ``budget`` (every
-  batch after the first gets less time);
+* a clock that is not charged (two requests each take the whole gap), or not started afresh by ``budget``
+  (every batch after the first gets less time), or one without the attention term;
 * no decode step between two chunks (the running streams stall for the whole prompt).
 
 Grading: ``python -m autograder lab07`` checks each part on fixed cases (costs and times that are exact in
@@ -93,7 +99,7 @@ class TimedChunking(ChunkingPolicy):
 
     def budget(self, busy: float, idle: float, num_decoding: int) -> float:
         """New tokens the next prefill batch may compute; starts the batch's clock."""
-        # BEGIN SOLUTION hint="decoding: busy, clock chunk_time(cost, 0, busy); else idle, clock inf"
+        # BEGIN SOLUTION what="the token budget and the batch's clock" hint="while any request decodes: busy, and the clock is the time of a busy-token chunk from position 0; otherwise idle and an unlimited clock"
         if num_decoding > 0:
             self.time_left = chunk_time(self.cost, 0, busy)
             return busy
@@ -102,8 +108,8 @@ class TimedChunking(ChunkingPolicy):
         # END SOLUTION
 
     def extend_end(self, req: Req, tokens_left: float) -> int:
-        """Where ``req``'s extend in this batch ends (it starts at ``req.cached_len``); charges the clock."""
-        # BEGIN SOLUTION hint="largest end fitting tokens_left and time_left (<=); >= cached_len+1; charge"
+        """Where ``req``'s extend in this batch ends (from its ``cached_len`` on); charges the clock."""
+        # BEGIN SOLUTION what="where the extend ends, and its time charged to the clock" hint="binary-search the largest end within tokens_left, device_len and the time left (<=); at least cached_len + 1; subtract its chunk_time from the clock"
         start = req.cached_len
         lo, hi = start + 1, int(min(req.device_len, start + tokens_left))
         while lo < hi:  # invariant: lo fits (or is the one-token minimum); nothing past hi may be taken
@@ -118,14 +124,14 @@ class TimedChunking(ChunkingPolicy):
 
     def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
         """Whether the next batch decodes the running requests rather than prefilling."""
-        # BEGIN SOLUTION hint="True only right after a cut prompt, and only if some request can decode"
+        # BEGIN SOLUTION what="whether to decode before prefilling" hint="only right after a batch that cut a prompt, and only if some request can decode"
         return after_chunk and num_decodable > 0
         # END SOLUTION
 
 
 def chunk_time(cost: PrefillCost, start: int, end: float) -> float:
     """The time of computing positions ``[start, end)`` of one request under ``cost``."""
-    # BEGIN SOLUTION hint="per_token * tokens + per_pair * pairs (p attends to p + 1 keys)"
+    # BEGIN SOLUTION what="the modelled time of an extend" hint="per_token * tokens + per_pair * pairs, the pairs the sum of p + 1 over p in [start, end); an infinite end first (0 * inf is nan)"
     if math.isinf(end):
         return math.inf
     n = end - start
@@ -136,7 +142,7 @@ def chunk_time(cost: PrefillCost, start: int, end: float) -> float:
 
 def fit_cost(samples: list[tuple[int, int, float]]) -> PrefillCost:
     """The least-squares ``PrefillCost`` (both coefficients >= 0) of measured ``(start, end, seconds)``."""
-    # BEGIN SOLUTION hint="2x2 normal equations over (tokens, pairs); det 0 or < 0: fit one alone"
+    # BEGIN SOLUTION what="the least-squares cost model" hint="the 2x2 normal equations over (tokens, pairs); determinant 0 or a negative per_pair: per_token alone; a negative per_token: per_pair alone"
     if not samples:
         raise ValueError("fit_cost needs at least one sample")
     rows = []

@@ -107,11 +107,20 @@ MUTANTS = [
         why="every request of a batch gets the whole gap: a batch of several takes several gaps",
     ),
     Mutant(
+        "clock_without_attention",
+        STEM,
+        ((_CLOCK, "            self.time_left = self.cost.per_token * busy\n"),),
+        must_fail=("budget_starts_the_clock", "extend_end_cuts_at_the_time_left", "random_workloads"),
+        hint="left out the attention term",
+        why="the clock is per_token * busy: a busy-token chunk from 0 no longer fits its own gap, so every chunk is "
+        "cut short of the configured budget",
+    ),
+    Mutant(
         "clock_not_reset",
         STEM,
         ((_CLOCK, "            self.time_left = min(self.time_left, chunk_time(self.cost, 0, busy))\n"),),
         must_fail=("budget_starts_the_clock", "extend_end_charges_the_clock", "random_workloads"),
-        hint="start the clock afresh",
+        hint="not started afresh",
         why="the clock carries over: each batch gets what the last one left, chunks shrink to one token",
     ),
     Mutant(

@@ -99,7 +99,7 @@ def on_two_ranks(check: str) -> None:
 
 
 # ---- one rank ----------------------------------------------------------------------------------------
-@points(8)
+@points(6)
 def test_single_rank_layers():
     """At tp=1 every layer is the plain computation: [gate | up], [q | k | v] + bias, x W^T + b, lookup, logits."""
     for name in lab.CLASSES[1:]:
@@ -270,6 +270,37 @@ def test_merged_column_refuses_a_size_that_does_not_divide():
             f"MergedColumnParallelLinear(16, {sizes}) at tp={tp} was built (local weight "
             f"{list(getattr(getattr(layer, 'weight', None), 'shape', []))}): {bad} do not split over {tp} ranks\n"
             f"{cause}"
+        )
+
+
+@points(2)
+def test_heads_and_input_features_that_do_not_divide():
+    """QKVParallelLinear with query heads that do not divide by tp, and RowParallelLinear with input features that
+    do not, raise ValueError (rounding down would drop heads or features silently); ones that divide build."""
+    single_rank("RowParallelLinear")
+    qkv, row = lab.layer("QKVParallelLinear"), lab.layer("RowParallelLinear")
+    with as_rank(1, 4):
+        qkv(16, 4, 8, 2)  # 8 heads, 2 KV heads over 4 ranks: builds
+        row(16, 5)
+    cases = [
+        ("QKVParallelLinear(16, 4, 6, 2) at tp=4", lambda: qkv(16, 4, 6, 2), "6 query heads over 4 ranks"),
+        ("QKVParallelLinear(16, 4, 3, 3) at tp=2", lambda: qkv(16, 4, 3, 3), "3 query heads over 2 ranks"),
+        ("RowParallelLinear(18, 5) at tp=4", lambda: row(18, 5), "18 input features over 4 ranks"),
+        ("RowParallelLinear(15, 5) at tp=2", lambda: row(15, 5), "15 input features over 2 ranks"),
+    ]
+    for what, build, why in cases:
+        tp = int(what.rsplit("=", 1)[1])
+        with as_rank(tp - 1, tp):
+            try:
+                layer = build()
+            except ValueError:
+                continue
+            except Exception as e:
+                raise AssertionError(f"{what} raised {type(e).__name__}: {e}; expected ValueError ({why})") from None
+        shape = list(getattr(getattr(layer, "weight", None), "shape", []))
+        raise AssertionError(
+            f"{what} was built (local weight {shape}): {why} do not split evenly; rounding down drops them "
+            "silently: raise ValueError when a size does not divide"
         )
 
 

@@ -264,6 +264,35 @@ MUTANTS = [
         hint="the padding not cut",
         why="the padded vocabulary's extra logits reach the sampler",
     ),
+    Mutant(
+        "qkv_heads_rounded_down",
+        STEM,
+        (
+            (
+                "        if num_heads % tp.size:\n"
+                '            raise ValueError(f"cannot split {num_heads} attention heads over tp={tp.size}")\n',
+                "",
+            ),
+        ),
+        must_fail=("heads_and_input_features_that_do_not_divide",),
+        hint="raise ValueError when a size does not divide",
+        why="query heads that do not divide by tp are rounded down: the last heads belong to no rank",
+    ),
+    Mutant(
+        "row_features_rounded_down",
+        STEM,
+        (
+            (
+                "        if in_features % tp.size:\n"
+                "            raise ValueError("
+                'f"cannot split input features of size {in_features} over tp={tp.size}")\n',
+                "",
+            ),
+        ),
+        must_fail=("heads_and_input_features_that_do_not_divide",),
+        hint="raise ValueError when a size does not divide",
+        why="input features that do not divide by tp are rounded down: the last features are never multiplied",
+    ),
 ]
 
 # the same layers written another way: masked_fill for the mask, math.ceil, narrow() for the rows

@@ -87,6 +87,20 @@ def low_precision(dtype: torch.dtype) -> bool:
     return dtype in (torch.bfloat16, torch.float16)
 
 
+def keeping_inputs(fn, what: str, **args):
+    """``fn(**args)`` (an adapter function), after which every tensor argument must be as it was: the
+    contract's "no function changes its inputs" (the engine goes on using them)."""
+    before = {key: t.clone() for key, t in args.items() if isinstance(t, torch.Tensor)}
+    out = fn(**args)
+    name = fn.__name__
+    for key, t in before.items():
+        assert torch.equal(args[key], t), (
+            f"{what}: {name} changed its input {key} in place (the contract: no function changes its inputs, each "
+            f"returns a new tensor; an in-place op such as mul_ or copy_ on {key}, or on a view of it, does)"
+        )
+    return out
+
+
 # ---- RMSNorm ----------------------------------------------------------------------------------------
 def rms_norm_pitfalls(x: torch.Tensor, weight: torch.Tensor, eps: float) -> list[Pitfall]:
     """The wrong answers rms_norm is known to give, each computed on this input. The precision ones
@@ -146,10 +160,9 @@ def rms_norm_pitfalls(x: torch.Tensor, weight: torch.Tensor, eps: float) -> list
 
 
 def check_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, what: str, hint: str = "") -> None:
-    """float32: within 1e-5 of the engine; bfloat16/float16: bit for bit (the contract fixes the order)."""
-    x_before = x.clone()
-    got = lab.rms_norm(x, weight, eps)
-    assert torch.equal(x, x_before), f"{what}: rms_norm changed its input x in place; return a new tensor"
+    """The contract's precision: float32 within 1e-5 of the engine; bfloat16/float16 the engine's values bit for
+    bit, but at most 1% of them one unit in the last place off (the contract fixes the order of the casts)."""
+    got = keeping_inputs(lab.rms_norm, what, x=x, weight=weight, eps=eps)
     tol = 0.0 if low_precision(x.dtype) else 1e-5
     check_tensor(
         got,
@@ -190,10 +203,18 @@ def test_rms_norm_fixed():
 
 @points(5)
 def test_rms_norm_low_precision():
-    """In bfloat16 and float16, rms_norm normalises in float32, casts back, then multiplies by the
-    weight: bit for bit what HF and the engine compute."""
+    """In bfloat16 and float16, rms_norm normalises in float32, rounds to x.dtype, then applies the gain: the
+    engine's values bit for bit, at most 1% of them one unit in the last place off. The other order of the
+    rounding and the gain is one unit off in about a quarter of the values: only the bit-for-bit rule (not a
+    tolerance of one unit) tells it apart."""
     x = rand(64, 576, seed=41, dtype=torch.bfloat16, scale=3.0)  # SmolLM2's hidden size
-    check_rms_norm(x, (rand(576, seed=42) * 0.3 + 1.0).bfloat16(), 1e-5, f"rms_norm(x {describe(x)})")
+    check_rms_norm(
+        x,
+        (rand(576, seed=42) * 0.3 + 1.0).bfloat16(),
+        1e-5,
+        f"rms_norm(x {describe(x)}), compared bit for bit (the contract allows at most 1% of the values one unit in "
+        "the last place off)",
+    )
     big = rand(8, 64, seed=43, dtype=torch.float16, scale=300.0)
     check_rms_norm(
         big,
@@ -207,7 +228,7 @@ def test_rms_norm_low_precision():
 @points(5)
 def test_rms_norm_random():
     """rms_norm matches the engine on random shapes, magnitudes and dtypes (float32 within 1e-5,
-    bfloat16 and float16 bit for bit)."""
+    bfloat16 and float16 bit for bit but at most 1% of the values one unit off)."""
     lab.rms_norm(rand(2, 8), torch.ones(8), 1e-6)  # a stub fails here, before the random search
     _rms_norm_random()
 
@@ -372,7 +393,7 @@ def check_rotary(x: torch.Tensor, positions: torch.Tensor, what: str) -> None:
     cos, sin = rotary_cos_sin(x.shape[-1], positions, x.dtype)
     tol = 3e-2 if low_precision(x.dtype) else 1e-5  # the contract leaves apply_rotary's rounding open
     check_tensor(
-        lab.apply_rotary(x, cos, sin),
+        keeping_inputs(lab.apply_rotary, what, x=x, cos=cos, sin=sin),
         ref_rotary(x, positions),
         what,
         atol=tol,
@@ -537,7 +558,7 @@ def check_attention(q, k, v, scale, what) -> None:
     low = low_precision(q.dtype)
     tol = 0.0 if low else 1e-5
     check_tensor(
-        lab.gqa_attention(q, k, v, scale),
+        keeping_inputs(lab.gqa_attention, what, q=q, k=k, v=v, scale=scale),
         ref_attention(q, k, v, scale),
         what,
         atol=tol,
@@ -635,10 +656,11 @@ def test_silu_and_mul():
         ((4, 64), torch.bfloat16, 2e-2),
     ]:
         x = rand(*shape, seed=12, dtype=dtype, scale=2.0)
+        what = f"silu_and_mul(x {describe(x)})"
         check_tensor(
-            lab.silu_and_mul(x),
+            keeping_inputs(lab.silu_and_mul, what, x=x),
             ref_silu_and_mul(x),
-            f"silu_and_mul(x {describe(x)})",
+            what,
             atol=tol,
             rtol=tol,
             hint="silu(g) = g * sigmoid(g); the output has half the last dim of x",

@@ -1,6 +1,6 @@
-"""Lab 01, hidden tests: half-precision RMSNorm bit for bit, attention's ``scale`` argument, and
-attention over long sequences with large scores. Each calls the lab function first, so a stub fails
-at once with its hint."""
+"""Lab 01, hidden tests: half-precision RMSNorm bit for bit (the contract's 1% of one-unit roundings
+aside), attention's ``scale`` argument, and attention over long sequences with large scores. Each calls
+the lab function first, so a stub fails at once with its hint."""
 
 from __future__ import annotations
 
@@ -29,15 +29,16 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> to
 
 @points(3)
 def test_rms_norm_bit_exact_in_half_precision():
-    """In bfloat16 and float16 rms_norm equals the engine's bit for bit (the order of the casts)."""
+    """In bfloat16 and float16 rms_norm equals the engine's bit for bit (the order of the casts), at most 1% of
+    the values one unit in the last place off, as the contract allows."""
     for dtype in (torch.bfloat16, torch.float16):
         x = _normal((7, 576), seed=40, std=3.0, dtype=dtype)  # the embedded model's hidden size
         weight = (_normal((576,), seed=41).abs() + 0.5).to(dtype)
         check_tensor(
             lab.rms_norm(x, weight, 1e-5),
             engine_rms_norm(x, weight, 1e-5),
-            f"rms_norm(x {describe(x)}) compared bit for bit",
-            atol=0.0,
+            f"rms_norm(x {describe(x)}) compared bit for bit (at most 1% of the values one unit off)",
+            exact=True,
             hint="normalise in float32, cast the normalised value back to x.dtype, *then* multiply by weight "
             "(multiplying in float32 and casting last rounds differently)",
         )

@@ -7,10 +7,7 @@ MISBEHAVING = Mutant(
     "misbehaving",
     "lab01_decoder",
     (
-        (
-            '    # BEGIN SOLUTION hint="h = x.float()',
-            '    while True:  # an infinite loop\n        pass\n    # BEGIN SOLUTION hint="h = x.float()',
-        ),
+        ("    h = x.float()\n", "    while True:  # an infinite loop\n        pass\n    h = x.float()\n"),
         (
             "    exponents = torch.arange(0, head_dim, 2",
             "    import ctypes\n    import sys\n\n    if scaling is not None:\n"

@@ -151,6 +151,19 @@ MUTANTS = [
         why="scores, softmax and the weighted sum in the input dtype",
     ),
     Mutant(
+        "rotary_overwrites_its_input",
+        STEM,
+        (
+            (
+                "    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)\n",
+                "    return x.copy_(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1))\n",
+            ),
+        ),
+        must_fail=("apply_rotary_fixed", "apply_rotary_random"),
+        hint="apply_rotary changed its input x in place",
+        why="the right rotation, written over the caller's x (the contract: no function changes its inputs)",
+    ),
+    Mutant(
         "swiglu_halves_swapped",
         STEM,
         (("    gate, up = x.chunk(2, dim=-1)\n", "    up, gate = x.chunk(2, dim=-1)\n"),),

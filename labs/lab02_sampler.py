@@ -9,60 +9,69 @@ is ``[B]``.
 
 Contract (what the autograder checks):
 
-* ``scale_logits(logits, temperatures)``: the logits in float32 divided by each row's
-  temperature; a row with temperature 0 (greedy) is divided by 1 instead (left as it is).
-* ``top_k_filter(logits, top_k)``: each row keeps the tokens whose logit is ``>=`` its ``k``-th
-  largest logit and sets the others to ``-inf`` (so tokens tied with the ``k``-th are all kept);
-  ``top_k >= V`` keeps everything. Values that stay are returned unchanged.
-* ``top_p_filter(logits, top_p)``: each row keeps the smallest set of its most likely tokens whose
-  probabilities (``softmax`` of the row) sum to at least ``p``, and sets the others to ``-inf``. In
-  words: sort by probability, and keep a token when the mass of the tokens *before* it is ``< p``,
-  so the token that crosses ``p`` is kept and the most likely token always is. A row with ``p = 1``
-  keeps every token: test it, since a float32 cumulative sum can reach 1.0 before the last tokens.
-  The input may hold ``-inf`` already (top-k ran first).
-* ``draw(logits, u)``: the inverse-CDF draw. With ``cdf = cumsum(softmax(logits))`` in float32,
-  row ``r``'s token is the first ``i`` with ``cdf[i] >= u[r] * cdf[-1]`` (scale ``u`` by the total:
-  a float32 CDF may end a little below 1). A token of logit ``-inf`` has probability 0 and can
-  never be drawn. Returns int64.
-* ``LabSampler.sample(logits, info)``: greedy rows (``info.temperatures == 0``) return the argmax
-  of their logits. The other rows: scale by the temperature, then top-k, then top-p (on what top-k
-  kept, renormalised: ``softmax`` of the filtered row), then ``draw`` with
-  ``u = uniform(info.seeds, info.steps)``, the engine's counter-based uniform (given). ``logits``
-  come in the model's dtype (bfloat16 on a GPU): compute in float32. Returns ``[B]`` int64.
+* ``scale_logits(logits, temperatures)``: float32 logits whose softmax is each row's distribution at
+  its own temperature ``T`` (the logits divided by ``T``; ``logits`` may be bfloat16). A row with
+  ``T = 0`` is a greedy row: it comes back as it was (in float32), never divided by 0. Example:
+  ``scale_logits([[2, 4], [2, 4]], [2, 0])`` -> ``[[1, 2], [2, 4]]``.
+* ``top_k_filter(logits, top_k)``: each row keeps the logits that are at least as large as its own
+  ``k``-th largest (so every token tied with the ``k``-th stays) and sets the others to ``-inf``;
+  ``top_k >= V`` keeps the whole row. The values that stay are returned unchanged. Example:
+  ``top_k_filter([[4, 2, 2, 2, 1], [4, 2, 2, 2, 1]], [2, 5])`` -> ``[[4, 2, 2, 2, -inf], [4, 2, 2, 2, 1]]``.
+* ``top_p_filter(logits, top_p)``: each row keeps its *nucleus* and sets the other logits to ``-inf``.
+  Rank the row's tokens by probability (``softmax`` of the row, which may hold ``-inf`` already: top-k
+  ran first); a token belongs to the nucleus when the tokens ranked before it hold less than ``p`` of
+  the probability, so the token that reaches ``p`` stays and the most likely token always does. A row
+  with ``p = 1`` keeps every token, even where float32 sums of its probabilities reach 1.0 before its
+  last tokens. Among tokens of equal probability, which ones stay is yours to choose; how many is not.
+  Examples: ``top_p_filter([[2, 1, 0]], [0.7])`` -> ``[[2, 1, -inf]]`` (probabilities 0.665, 0.245,
+  0.090: the second token reaches 0.7); four equal logits (each 1/4) with ``p`` = 0.25, 0.3, 0.5 and 1
+  keep 1, 2, 2 and 4 tokens (at 0.5 the third token has exactly 0.5 before it: it goes).
+* ``draw(logits, u)``: one token per row, int64 ``[B]``, by inverse transform sampling with row ``r``'s
+  uniform ``u[r]`` in (0, 1): lay the row's probabilities (``softmax`` in float32) end to end, in
+  token order, and return the token whose stretch holds ``u[r]`` times their total; on a boundary
+  between two stretches, the earlier token. The total is the float32 sum of the probabilities, which
+  may end a little below 1: the scaled ``u`` always lands on a token. A ``-inf`` logit has probability
+  0: never drawn, even on a boundary. Logits above 88 (where ``exp`` overflows float32) are fine.
+  Examples, ``logits = [[0, 0, 0, 0]]`` (stretches ending at 0.25, 0.5, 0.75, 1): ``u = 0.25`` -> 0,
+  ``u = 0.5`` -> 1, ``u = 0.6`` -> 2; ``logits = [[0, -inf, 0, 0]]``, ``u = 0.5`` -> 2.
+* ``LabSampler.sample(logits, info)``: greedy rows (``info.temperatures == 0``) return the argmax of
+  their logits. Every other row draws, by ``draw``'s rule with the uniform ``uniform(info.seeds,
+  info.steps)`` (the engine's counter-based uniform, imported below), from its distribution after
+  the three filters in this order: its temperature, then its top-k, then its top-p on what top-k kept
+  (the softmax of the filtered row, renormalised). The flags of ``info`` say whether any row of the
+  batch asks for top-k, or for top-p (a row that does not has ``k = V``, or ``p = 1``).
+  ``logits`` come in the model's dtype (bfloat16 on a GPU): compute in float32. Returns ``[B]`` int64.
 
 Why one rule, and not "any correct sampler": the uniform of row ``r`` is a pure function of
 ``(seed, step)``, so with the same rule your tokens are the engine's token for token, a seeded
 request gives the same tokens in any batch, and the grader can check every single draw. The grader
-computes each row's CDF in float64 and accepts a token whose interval ``[cdf[i-1], cdf[i]]`` holds
-``u * total`` up to 1e-5 (float32 rounding done in another order is fine); on rows of equally likely
-tokens, whose probabilities and sums are exact, it wants the rules themselves, ``>=`` and ``<`` as
-written above. Its statistical tests
-(total variation distance between your tokens over thousands of seeds and the exact distribution)
-pass for any sampler of the right distribution, so they tell a wrong distribution from a wrong draw.
+computes each row's stretches in float64 and accepts a token whose stretch holds ``u * total`` up to
+1e-5 (float32 rounding done in another order is fine); on rows of equally likely tokens, whose
+probabilities and sums are exact, it wants the boundaries themselves as stated above (top-p's "less
+than ``p``", the draw's "the earlier token"). Its statistical tests (total variation distance between
+your tokens over thousands of seeds and the exact distribution) pass for any sampler of the right
+distribution, so they tell a wrong distribution from a wrong draw.
 
 Pitfalls the grader recognises (its messages name them):
 
-* temperature: greedy rows divided by 0 (``inf`` and ``NaN``); the temperature multiplied instead
-  of divided, or applied to the probabilities after the softmax (renormalising undoes it);
-* top-k: ``k + 1`` tokens kept (an off-by-one in the rank); ties with the ``k``-th logit dropped
-  (``torch.topk``'s indices keep exactly ``k``); one ``k`` (the first row's, or the largest) for the
-  whole batch instead of each row's own;
-* top-p: the crossing token dropped (keeping ``cumsum < p`` gives an empty set for a small ``p``), or
-  a token kept whose mass before it is exactly ``p`` (``<=`` for ``<``);
-  tokens dropped at ``p = 1`` (the float32 mass before them rounds to 1.0); top-p computed before
-  the temperature, or on the whole distribution instead of what top-k kept;
-* masking by arithmetic (``logits * keep``): ``0 * -inf`` is ``NaN``;
-* draw: ``exp()`` without ``softmax``'s subtraction of the row's maximum (it overflows float32 past
-  88); ``u`` not scaled by the CDF's total; ``cdf[i] > u * total`` for ``>=`` (``searchsorted`` with
-  ``right=True``);
-* greedy rows sampled; the step index ignored (every step draws the same ``u``); one random
-  generator for the batch, or the row index as the seed (a row's token then depends on its
-  neighbours: not batch-invariant, and tensor-parallel ranks would need to agree on the batch).
+* temperature: greedy rows turned to ``inf`` and ``NaN`` (divided by 0); the temperature multiplied
+  instead of divided, or applied after the softmax (renormalising undoes it); bfloat16 arithmetic;
+* top-k: ``k + 1`` tokens kept; ties with the ``k``-th logit dropped (exactly ``k`` tokens kept); one
+  ``k`` (the first row's, or the largest) for the whole batch instead of each row's own;
+* top-p: the token that reaches ``p`` dropped (an empty nucleus for a small ``p``), or a token kept
+  whose predecessors hold exactly ``p``; tokens dropped at ``p = 1``; top-p computed before the
+  temperature, or on the whole distribution instead of what top-k kept;
+* a filter that turns kept logits into ``NaN`` (``0 * -inf`` is ``NaN``);
+* draw: an overflow on logits above 88; ``u`` not scaled by the total (a ``u`` above it finds no
+  token); the later token taken on a boundary;
+* greedy rows sampled; the step ignored (every step draws the same ``u``); one random generator for
+  the batch, or the row index as the seed (a row's token then depends on its neighbours: not
+  batch-invariant, and tensor-parallel ranks would need to agree on the batch).
 
-Grading: ``python -m autograder lab02`` runs fixed cases and random batches against the engine's own
-filters and draw rule, statistical tests, and then the engine (``minisgl.LLM``) with
-``components={"sampler": "lab02"}``: seeded sampled requests must give the reference engine's tokens,
-alone and inside a batch.
+Grading: ``python -m autograder lab02`` (``--hint`` prints a hint per function) runs fixed cases and
+random batches against the engine's own filters and draw rule, statistical tests, and then the engine
+(``minisgl.LLM``) with ``components={"sampler": "lab02"}``: seeded sampled requests must give the
+reference engine's tokens, alone and inside a batch.
 """
 
 from __future__ import annotations
@@ -75,29 +84,27 @@ __all__ = ["LabSampler", "draw", "scale_logits", "top_k_filter", "top_p_filter",
 
 
 def scale_logits(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """``logits.float() / T`` per row (``[B, V]`` float32); rows with ``T == 0`` are divided by 1."""
-    raise NotImplementedError("Lab 02: divide each row of logits.float() by its temperature, by 1 where the temperature is 0")
+    """Each row at its temperature, ``[B, V]`` float32; greedy rows (``T == 0``) as they are."""
+    raise NotImplementedError("Lab 02: each row's logits at its temperature, greedy rows untouched (a hint: python -m autograder lab02 --hint)")
 
 
 def top_k_filter(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """``-inf`` where a logit is below its row's ``top_k``-th largest; ties with it are kept."""
-    raise NotImplementedError("Lab 02: the k-th largest of each row (sort descending, gather k - 1); set logits below it to -inf")
+    """Each row's top-``k`` logits (ties with the ``k``-th included), ``-inf`` elsewhere."""
+    raise NotImplementedError("Lab 02: each row's own k-th largest logit, and -inf below it (a hint: python -m autograder lab02 --hint)")
 
 
 def top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """``-inf`` outside each row's nucleus: a token stays when the probability of the tokens more
-    likely than it sums to ``< p`` (the token crossing ``p`` stays); ``p = 1`` keeps every token."""
-    raise NotImplementedError("Lab 02: sort descending, softmax, mass before each token = cumsum - p; drop where it is >= top_p")
+    """Each row's nucleus at its ``top_p``, ``-inf`` elsewhere; ``p = 1`` keeps the whole row."""
+    raise NotImplementedError("Lab 02: each row's nucleus: the tokens whose more likely predecessors hold less than p (a hint: python -m autograder lab02 --hint)")
 
 
 def draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Row ``r``'s token: the first ``i`` with ``cdf[i] >= u[r] * cdf[-1]``, ``cdf`` the cumulative
-    sum of ``softmax(logits[r])`` in float32. ``u``: ``[B]`` in (0, 1). Returns ``[B]`` int64."""
-    raise NotImplementedError("Lab 02: cdf = softmax(logits.float()).cumsum(-1); searchsorted(cdf, u[:, None] * cdf[:, -1:])")
+    """One token per row by inverse transform sampling with ``u`` (``[B]``, in (0, 1)); ``[B]`` int64."""
+    raise NotImplementedError("Lab 02: the inverse-CDF draw of each row (a hint: python -m autograder lab02 --hint)")
 
 
 class LabSampler(Sampler):
-    """Greedy rows take the argmax; the others scale, top-k, top-p and draw with ``uniform``."""
+    """The engine's ``"lab02"`` sampler: greedy rows their argmax, the others a seeded draw."""
 
     def sample(self, logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
-        raise NotImplementedError("Lab 02: argmax for temperature-0 rows; else scale_logits, top_k_filter, top_p_filter, draw")
+        raise NotImplementedError("Lab 02: one token per row: the argmax for greedy rows, a filtered seeded draw otherwise (a hint: python -m autograder lab02 --hint)")

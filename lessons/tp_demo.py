@@ -1,7 +1,8 @@
 """Lesson 10's tensor-parallel ranks. A notebook cannot spawn a function defined in a cell (the new
 process imports the function by its module's name), so the worker lives here.
 
-``run(world)`` starts ``world`` processes joined over gloo. Each builds the engine's parallel layers
+``run(world)`` starts ``world`` processes joined over gloo (``start(world)`` starts them in the background,
+``.results()`` waits for them). Each builds the engine's parallel layers
 (``minisgl.layers``) from the same full weights (``make_weights``: seeded, so every process and the
 notebook draw the same ones), runs one small decoder block on them (embedding -> attention ->
 MLP -> LM head) and saves what it computed and held, with the number of collectives it called.
@@ -204,27 +205,49 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     dist.destroy_distributed()
 
 
+class Ranks:
+    """``world`` gloo ranks running the block, started in the background (``start``): the notebook goes on
+    while they spawn and import torch; ``results()`` waits for them."""
+
+    def __init__(self, world: int, timeout: float):
+        import torch.multiprocessing as mp
+
+        from minisgl.process import free_port
+
+        ctx = mp.get_context("spawn")
+        init = f"tcp://127.0.0.1:{free_port()}"
+        self.tmp = tempfile.mkdtemp()
+        self.outs = [os.path.join(self.tmp, f"rank{r}.pt") for r in range(world)]
+        self.procs = [ctx.Process(target=_rank, args=(r, world, init, self.outs[r])) for r in range(world)]
+        self.started = time.perf_counter()
+        self.deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.start()
+
+    def results(self) -> list[dict]:
+        """Each rank's results, in rank order (waits for the ranks; kills one that outlives the timeout)."""
+        import shutil
+
+        try:
+            for p in self.procs:
+                p.join(max(0.1, self.deadline - time.monotonic()))
+            for p in self.procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            bad = [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode != 0]
+            if bad:
+                raise RuntimeError(f"ranks that failed (rank, exit code): {bad}")
+            return [torch.load(Path(out)) for out in self.outs]
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def start(world: int = 2, timeout: float = 180.0) -> Ranks:
+    """Start ``world`` gloo ranks running the block, in the background."""
+    return Ranks(world, timeout)
+
+
 def run(world: int = 2, timeout: float = 120.0) -> list[dict]:
     """Start ``world`` gloo ranks running the block; each rank's results, in rank order."""
-    import torch.multiprocessing as mp
-
-    from minisgl.process import free_port
-
-    ctx = mp.get_context("spawn")
-    init = f"tcp://127.0.0.1:{free_port()}"
-    with tempfile.TemporaryDirectory() as tmp:
-        outs = [os.path.join(tmp, f"rank{r}.pt") for r in range(world)]
-        procs = [ctx.Process(target=_rank, args=(r, world, init, outs[r])) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.1, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        if bad:
-            raise RuntimeError(f"ranks that failed (rank, exit code): {bad}")
-        return [torch.load(Path(out)) for out in outs]
+    return start(world, timeout).results()

@@ -75,7 +75,7 @@ def test_student_edits_survive_the_check_and_the_generator(repo):
     lab = repo / "labs" / "lab01_decoder.py"
     stub = lab.read_text()
     mine = "half = x.shape[-1] // 2\n    return torch.nn.functional.silu(x[..., :half]) * x[..., half:]"
-    edited = re.sub(r'raise NotImplementedError\("Lab 01: split x into gate[^\n]*', mine, stub)
+    edited = re.sub(r'raise NotImplementedError\("Lab 01: SwiGLU[^\n]*', mine, stub)
     assert edited != stub
     lab.write_text(edited + STUDENT_WORK)
     check = run(repo, "-m", "pytest", "tests/test_labs_generated.py::test_labs_are_generated_from_solutions", "-q")

@@ -21,12 +21,18 @@ simple model of both):
 * A new allocator has every page free: ``num_free == num_pages``.
 * ``alloc(n)`` returns ``n`` distinct free pages as an int64 tensor (``alloc(0)``: an empty int64
   tensor) and they stop being free; which free pages, and in what order, is up to you. Asking for
-  more than ``num_free`` raises ``MemoryError`` and changes nothing (the same pages stay free).
-* ``free(pages)`` makes handed-out pages free again (they may be handed out by a later ``alloc``).
-  It raises ``RuntimeError`` and changes nothing when any page in it is outside ``[0, num_pages)``,
-  is already free (a double free, or a page never handed out), or appears twice in the call. Freeing
-  an empty tensor is a no-op. The engine passes int64 tensors.
+  more than ``num_free`` raises ``MemoryError`` and changes nothing (the same pages stay free);
+  asking for exactly ``num_free`` hands them all out.
+* ``free(pages)`` makes handed-out pages free again (a later ``alloc`` may hand them out). It raises
+  ``RuntimeError`` and changes nothing when any page in it is outside ``[0, num_pages)``, is already
+  free (a double free, or a page never handed out), or appears twice in the call: one bad page
+  refuses the whole call, wherever it sits in it. Freeing an empty tensor is a no-op. The engine
+  passes int64 tensors.
 * ``num_free`` is the number of pages ``alloc`` can hand out now.
+* Example, ``Allocator(num_pages=4, page_size=16)``: ``alloc(3)`` -> three distinct pages, say
+  ``[0, 1, 2]``, and ``num_free == 1``; ``alloc(2)`` raises ``MemoryError`` and ``num_free`` stays 1;
+  ``free([1])`` -> ``num_free == 2``; then each of ``free([1])``, ``free([2, 2])``, ``free([0, 4])``
+  and ``free([-1])`` raises ``RuntimeError``, and ``num_free`` stays 2 (page 0 is still handed out).
 
 **RequestTable** (``__init__``, ``write``, ``set_tokens`` and ``sync`` are given)
 
@@ -35,17 +41,24 @@ simple model of both):
   request row free (``num_free_rows == max_rows``).
 * ``alloc_row()`` hands out a free row (the caller checks ``num_free_rows`` first); ``free_row(row)``
   gives it back, and raises ``RuntimeError`` and changes nothing when ``row`` is not a row in use
-  (never handed out, already freed, the dummy row, or any other number).
+  (never handed out, already freed, the dummy row, or any other number, negative ones included).
 * ``map_pages(rows, starts, ends, pages)``: request ``rows[i]`` gets positions ``[starts[i],
-  ends[i])`` (both multiples of ``page_size``, possibly equal), taking its pages in order from
-  ``pages``, request after request (``rows[0]``'s share first, then ``rows[1]``'s, ...): position
-  ``pos`` of a request lands in the page ``k`` places into its share of ``pages`` where
-  ``k = (pos - starts[i]) // page_size``, at slot ``page * page_size + pos % page_size``. Pages need
-  not be consecutive.
+  ends[i])`` (both multiples of ``page_size``, possibly equal), backed by its share of ``pages``:
+  the shares are consecutive runs of ``pages``, one page per ``page_size`` positions, handed out in
+  the order of ``rows`` (``rows[0]``'s share first, whatever the row numbers). Within a request, its
+  pages hold its positions in order, ``page_size`` consecutive positions each, and a position sits in
+  its page at the offset ``pos mod page_size``, at the slot the pool gives that page and offset (the
+  sketch above). Pages need not be consecutive, nor page sizes powers of two. Example, ``page_size =
+  4``: ``map_pages(rows=[2, 0], starts=[0, 4], ends=[8, 8], pages=[5, 1, 3])`` maps row 2's
+  positions 0..7 to slots ``[20, 21, 22, 23, 4, 5, 6, 7]`` and row 0's positions 4..7 to ``[12, 13,
+  14, 15]``, and nothing else.
 * ``set_slots(row, start, slots)``: positions ``[start, start + len(slots))`` of ``row`` point at
-  ``slots`` (the prefix cache's slots of a matched prefix); no other position changes.
+  ``slots`` (the prefix cache's slots of a matched prefix); no other position changes. Example:
+  ``set_slots(1, 2, [40, 41])`` changes positions 2 and 3 of row 1 only.
 * ``slots(row, start, end)`` and ``slots_at(rows, positions)`` read the table back: int64 tensors on
-  the host (the table stores int32).
+  the host (the table stores int32). ``slots_at`` gives one slot per ``(rows[j], positions[j])``.
+  After the example above, ``slots(0, 4, 6)`` -> ``[12, 13]`` and ``slots_at([2, 0], [5, 7])`` ->
+  ``[5, 15]``.
 * ``point_dummy_row_at(slot)`` maps every position of the dummy row to ``slot``, on the device
   (``page_table``) and in the host copy, and touches no other row.
 * All writes go through ``write(rows, cols, slots)``, which fills the host copy and remembers what
@@ -53,21 +66,22 @@ simple model of both):
 
 Pitfalls the grader recognises (its messages name them):
 
-* allocator: a page handed out twice (``alloc`` that does not take its pages off the free list);
-  ``free`` that accepts a double free, or the same page twice in one call, or a page outside the
-  pool (a negative page id silently indexes from the end of a Python list); ``alloc`` or ``free``
-  that changes some state before it raises; freed pages that never come back (``num_free`` too low);
-* table: ``map_pages`` that ignores ``page_size`` (slot = page instead of ``page * page_size +
-  offset``), or keeps counting the offset past the end of a page (that assumes consecutive pages),
-  or takes the offset as ``pos & (page_size - 1)`` (right for powers of two only), or gives every
-  request the first pages of ``pages`` instead of taking them request after request (in the order of
-  ``rows``, not sorted by row number);
-  ``set_slots`` writing one position off; ``slots`` returning int32; the dummy row handed out as a
-  request's row, or not filled everywhere; ``free_row`` that does not check its row (``-1`` indexes a
-  Python list from its end: it would free the last row).
+* allocator: a page handed out twice (one still counted as free after ``alloc``); ``free`` that
+  accepts a double free, or the same page twice in one call, or a page outside the pool (a negative
+  page id silently indexes a Python list from its end); a check that looks at some pages of the call
+  only; ``alloc`` or ``free`` that changes some state before it raises; freed pages that never come
+  back (``num_free`` too low); ``alloc(num_free)`` refused;
+* table: ``map_pages`` that puts a position at its page's number instead of at its slot, or keeps
+  counting the offset past the end of a page (right only while pages are consecutive), or computes
+  the offset in a way that holds for powers of two only, or gives every request the first pages of
+  ``pages`` instead of its own share, or shares them out in row-number order instead of the order
+  of ``rows``; ``set_slots`` writing one position off; ``slots`` returning int32; the dummy row
+  handed out as a request's row, or not filled everywhere; ``free_row`` that does not check its row
+  (``-1`` would free the last row).
 
-Grading: ``python -m autograder lab03`` runs fixed cases, random operation sequences (hypothesis
-state machines) against a model of each part, then runs the engine on your allocator and table
+Grading: ``python -m autograder lab03`` (``--hint`` prints a hint per method) runs fixed cases,
+random operation sequences (hypothesis state machines) against a model of each part, then runs the
+engine on your allocator and table
 (``LLM(components={"allocator": ..., "req_table": ...})``) at page sizes 1, 4 and 16: the generated
 tokens must equal the reference engine's, the memory checks must pass after every step, and once
 the cache is flushed every page and row must be free again.
@@ -93,13 +107,13 @@ class Allocator(PageAllocator):
 
     @property
     def num_free(self) -> int:
-        raise NotImplementedError("Lab 03: how many pages are on the free list")
+        raise NotImplementedError("Lab 03: the number of pages alloc can hand out now (a hint: python -m autograder lab03 --hint)")
 
     def alloc(self, n: int) -> torch.Tensor:
-        raise NotImplementedError("Lab 03: check n against num_free first (MemoryError), then take n pages off the free list")
+        raise NotImplementedError("Lab 03: n free pages handed out, or MemoryError with nothing changed (a hint: python -m autograder lab03 --hint)")
 
     def free(self, pages: torch.Tensor) -> None:
-        raise NotImplementedError("Lab 03: check every page first (in the pool, handed out, not twice), then put them back")
+        raise NotImplementedError("Lab 03: pages taken back, or RuntimeError with nothing changed (a hint: python -m autograder lab03 --hint)")
 
 
 class RequestTable(ReqTable):
@@ -145,23 +159,23 @@ class RequestTable(ReqTable):
         return len(self.free_rows)
 
     def alloc_row(self) -> int:
-        raise NotImplementedError("Lab 03: take a row off free_rows and mark it in use")
+        raise NotImplementedError("Lab 03: a free request row, handed out (a hint: python -m autograder lab03 --hint)")
 
     def free_row(self, row: int) -> None:
-        raise NotImplementedError("Lab 03: raise RuntimeError unless 0 <= row < max_rows and the row is in use; then give it back")
+        raise NotImplementedError("Lab 03: a row given back, or RuntimeError for a row not in use (a hint: python -m autograder lab03 --hint)")
 
     # ---- the page table ----------------------------------------------------------------------
     def map_pages(self, rows: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, pages: torch.Tensor) -> None:
-        raise NotImplementedError("Lab 03: request after request: position pos -> slot page * page_size + pos % page_size")
+        raise NotImplementedError("Lab 03: each request's positions mapped onto its share of the pages (a hint: python -m autograder lab03 --hint)")
 
     def set_slots(self, row: int, start: int, slots: torch.Tensor) -> None:
-        raise NotImplementedError("Lab 03: write slots at positions start, start + 1, ..., start + len(slots) - 1")
+        raise NotImplementedError("Lab 03: a run of positions pointed at the given slots (a hint: python -m autograder lab03 --hint)")
 
     def slots(self, row: int, start: int, end: int) -> torch.Tensor:
-        raise NotImplementedError("Lab 03: read the host copy, as int64")
+        raise NotImplementedError("Lab 03: a row's slots for a range of positions, as int64 (a hint: python -m autograder lab03 --hint)")
 
     def slots_at(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("Lab 03: one slot per (rows[i], positions[i]) from the host copy, as int64")
+        raise NotImplementedError("Lab 03: one slot per (row, position) pair, as int64 (a hint: python -m autograder lab03 --hint)")
 
     def point_dummy_row_at(self, slot: int) -> None:
-        raise NotImplementedError("Lab 03: fill the dummy row with slot, in page_table and in page_table_cpu")
+        raise NotImplementedError("Lab 03: every position of the dummy row mapped to one slot, on the device and the host (a hint: python -m autograder lab03 --hint)")

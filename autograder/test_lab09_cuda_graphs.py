@@ -104,16 +104,15 @@ def table_cost(table: dict[int, int]):
 
 
 def stop_at_first_misfit(max_bs: int, budget: float, cost) -> list[int]:
-    """What a plan that stops at the first candidate over the budget would choose (the pitfall)."""
+    """What a plan that stops at the first candidate over the budget would choose (the pitfall): the longest
+    run of the smallest candidates that fits beside max_bs."""
     if cost(max_bs) > budget:
         return []
-    taken, spent = [max_bs], cost(max_bs)
-    for bs in REFERENCE.sizes(max_bs, INF, cost)[:-1]:
-        if spent + cost(bs) > budget:
-            break
-        taken.append(bs)
-        spent += cost(bs)
-    return sorted(taken)
+    rest = REFERENCE.sizes(max_bs, INF, cost)[:-1]
+    k = 0
+    while k < len(rest) and cost(max_bs) + sum(map(cost, rest[: k + 1])) <= budget:
+        k += 1
+    return rest[:k] + [max_bs]
 
 
 @points(9)

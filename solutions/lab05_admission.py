@@ -1,60 +1,105 @@
-"""Lab 05: the admission policy.
+"""Lab 05: a cache-aware admission policy.
 
-You implement ``FairAdmission``, an ``AdmissionPolicy`` (the interface, imported below; this
-docstring states its contract) that is handed an ``AdmissionContext`` (its methods are the ones
-named below: ``match``, ``unmatch``, ``pages_needed``, ``available_pages``, ``reserved_pages``,
-``has_room``, ``waits_for_batch_prefix``, ``admit``). Write all three methods here: the engine's own
-policies and the interface's default ``reserved_len`` are off limits (a lab that derives from, calls
-or aliases them scores 0). Before each prefill batch the scheduler calls ``admit(waiting, ctx)``;
-every request your policy admits through ``ctx.admit`` starts in that batch. Yours reserves each
-request's whole ``max_tokens`` (as the engine's ``reserve-all``) but, unlike it, lets small
-requests go past a big one that does not fit, with aging so that the big one is not starved::
+Before each prefill batch the scheduler calls ``admit(waiting, ctx)`` (``waiting``: the requests not yet
+started, oldest first); every request the policy hands to ``ctx.admit`` starts in that batch. Lesson 05
+showed what this decision costs when it is made in arrival order: a big request blocks the small ones
+behind it, and with the radix cache of lesson 06 it costs more: requests that share a cached system prompt
+wait behind ones that share nothing, until that prompt is evicted and computed again. You design
+``CacheAwareAdmission``, an ``AdmissionPolicy`` (``minisgl/scheduler/admission.py``) that starts the
+requests with the longest cached prefix first (SGLang's ``lpm`` schedule policy), ages the ones it keeps
+passing over so that none starves, and keeps the engine's memory rules. Write it all here: a class that
+derives from, calls or aliases the engine's policies (or the interface's ``reserved_len``) or the grader's
+scores 0.
 
-    waiting:  A(fits)  B(too big)  C(fits)  D(fits)  E(fits)
-    admit:    A        skip: B     C        D        stop: B was passed AGING times (here 2; the lab's is 4)
+What the context offers (``ctx``, an ``AdmissionContext``): ``has_room`` (tokens of the batch's budget and
+a request-table row are left, and no prompt was cut); ``match(req)`` finds and locks the request's longest
+cached prefix and returns its length in tokens (a locked prefix is never evicted, so its pages stop
+counting as available), ``unmatch(req)`` gives that lock back; ``available_pages()`` (free pages plus
+pages the cache could evict now); ``reserved_pages`` (promised to admitted requests, not yet allocated);
+``pages_needed(req)`` (the pages ``req`` would reserve, counted in whole pages, minus the cached prefix it
+matched); ``waits_for_batch_prefix(req)``; ``admit(req)``.
 
-Contract (the grader compares every decision with a reference policy on the same scheduler state):
+Terms:
 
-* **Reservation.** ``reserved_len(req)`` is ``req.max_device_len - 1``: KV for the prompt and every
-  token the request may generate (the last sampled token is never fed back). A running request then
-  never runs out of memory: under this policy the scheduler never retracts a request.
-* **Fits.** ``fits(req, ctx)`` first locks the request's cached prefix with ``ctx.match(req)``, then
-  checks ``ctx.pages_needed(req) <= ctx.available_pages() - ctx.reserved_pages``, both read *after*
-  the match (locking a prefix takes its pages out of the available ones; the request then needs
-  fewer). If it fits, return True and keep the match (``ctx.admit`` uses it); if not,
-  ``ctx.unmatch(req)`` and return False.
-* **Admit.** Go through ``waiting`` in order (oldest first) and stop as soon as ``ctx.has_room`` is
-  False (the batch's token budget is spent, no table row is left, or a prompt was cut). Skip a
-  request for which ``ctx.waits_for_batch_prefix(req)`` (it waits one batch for a prefix this batch
-  computes; it is not *passed over*). Admit each request that fits, in order (FIFO among those that
-  fit). A request that does not fit is passed over: the ones behind it may still be admitted
-  (skip-ahead), and each request admitted after it in this call adds one to its count in
-  ``self.passed_over`` (by ``uid``). Once a request passed over in this call has a count of
-  ``AGING`` or more, admit nobody else in this call: the memory that frees up is its. An admitted
-  request's count is dropped.
-* Decisions depend only on the scheduler's state and the counts (never on time or randomness):
-  tensor-parallel ranks must all decide alike.
+* A request's **cached prefix** is the length ``ctx.match`` returns for it (it does not change during one
+  call: nothing is inserted into the cache while a batch is being planned).
+* A request **fits** when, with its cached prefix locked, the pages it needs are at most the available
+  pages minus those promised to admitted requests.
+* A request **can start** when it fits and does not wait for this batch's prefix.
+* A request is **passed** once each time a request that arrived after it is admitted while it waits,
+  whatever keeps it waiting (no room left, not fitting, waiting for a batch prefix, or its rank). Once it
+  has been passed ``AGING`` times (4) it is **aged**. Admitted, it leaves the count.
+* **Rank**: aged requests first, the oldest first; then the others, the longest cached prefix first (ties:
+  your choice).
 
-Pitfalls the grader recognises (its messages name them):
+Contract:
 
-* reserving only the prompt (the outputs then run out of memory, and the scheduler must retract);
-* the reservation counted in tokens instead of pages, or a partial last page not counted (with
-  pages of several tokens: use ``ctx.pages_needed``); ``<`` where ``<=`` belongs (a request that
-  needs exactly the pages left fits);
-* ignoring ``ctx.reserved_pages`` (memory promised to running requests is promised twice: over-commit);
-* reading ``available_pages()`` before ``ctx.match`` (the matched prefix is counted both as available
-  and as already held: over-commit), or checking the memory before matching at all (a request that
-  shares a prefix is refused although it fits);
-* a refused request not unmatched (its prefix stays locked: never evictable, a leaked lock);
-* admitting past ``ctx.has_room``: past the token budget, or with no table row left;
-* stopping at the first request that does not fit (head-of-line blocking), skip-ahead without aging
-  (a big request starves behind a stream of small ones), aging on the sum of the passed-over
-  counts instead of each request's own, or admitting out of arrival order.
+1. **Reservation.** ``reserved_len(req)`` is the number of positions the request holds KV for, counting
+   every position it may ever compute: a running request never runs out of memory, and the scheduler never
+   retracts one. Example: a 10-token prompt with ``max_tokens=12`` -> 21 (the last token sampled is never
+   fed back, so it needs no KV).
+2. **Memory.** Only a request that fits is admitted: pages promised to running or admitted requests are
+   never promised again, and a prefix that ``ctx.match`` locked is never also counted as free.
+3. **No lock behind.** When ``admit`` returns, every request it matched is admitted or unmatched.
+4. **Room.** Nothing is admitted once the context has no room (``has_room`` is False).
+5. **Batch prefix.** A request that waits for this batch's prefix (``ctx.waits_for_batch_prefix``: a prompt
+   of this batch shares a longer prefix with it than the cache holds) is not admitted in this batch: one
+   batch later it reuses that prefix instead of computing it a second time. It does not stop the call.
+6. **Order.** A request is admitted only if no request that can start ranks before it. Ranks change as the
+   call goes on: an admission may age a request.
+7. **Aging.** Once an aged request cannot start, nobody else is admitted in this call (the memory that
+   frees up is its). So no request is ever passed more than ``AGING`` times.
+8. **Skip-ahead.** Any other request that cannot start is skipped: the call ends only when there is no
+   room, no waiting request can start, or an aged one cannot.
+9. **Determinism.** Decisions depend only on the scheduler's state and your policy's own counts, never on
+   time or randomness (tensor-parallel ranks must all decide alike).
 
-Grading: ``python -m autograder lab05`` runs fixed scheduler states against the reference, random
-workloads on the real scheduler (a model-free engine, small KV pools of 1-, 2- and 4-token pages,
-``debug_checks=True``), then the real engine with ``components={"admission": "lab05"}`` on a tiny
-model.
+Worked examples (each is a visible test; pages of one token, and room to spare, unless said):
+
+* Memory: 40 pages; a running request holds 10 and has 9 more promised, so 21 are left. A waiting request
+  with a 5-token prompt and ``max_tokens=17`` needs 21 pages -> admitted; with ``max_tokens=18`` it needs 22
+  -> not admitted.
+* A cached prefix: 40 pages; 15 tokens of a finished request are cached (evictable); a running request holds
+  4 pages and has 6 more promised; 21 pages are free. A 15-token prompt that begins with 12 of the cached
+  tokens, with ``max_tokens=20``, needs 34 - 12 = 22 pages; with its prefix locked 21 + 3 pages are
+  available, 18 left after the promise -> not admitted, and the cache's locks are as they were. Had a
+  running request held those 12 tokens locked (25 left), it would start.
+* Measuring: the same state, waiting: that request (it ranks first and cannot start), then one that shares
+  nothing and needs 24 pages -> the second starts: with no prefix locked, 30 are left.
+* Order: a 12-token system prompt is cached. Waiting, oldest first: A (20 tokens, shares nothing), B (the
+  system prompt and 3 tokens), C (the system prompt and 5 tokens); one row, freed as each one finishes ->
+  B and C start (either first), then A, passed twice.
+* Aging: request 5 shares nothing and waits with six newer requests that share the cached system prompt
+  and add 3 tokens each; the token budgets of three batches are 3, 6 and 6 -> one newer request starts in
+  the first (5 is passed once), two in the second (three passes), and in the third one more (four: 5 is
+  aged), then 5.
+* Aged and cannot start: an aged request needs more pages than are left; a newer one fits -> nobody
+  starts until the aged one fits.
+* Batch prefix: waiting B and C share a 20-token prompt nobody has cached, and D shares nothing -> B (or C)
+  and D start; the other one starts in the next batch and computes only its last tokens.
+
+Pitfalls the grader recognises by their effect (its messages name them):
+
+* memory promised twice (the reservations of admitted requests ignored); a matched prefix counted as free
+  (the pages left read before the match); a partial last page not counted;
+* a request refused although it fits: the memory checked before matching, in tokens instead of whole pages,
+  with ``<`` where a request that needs exactly the pages left fits, or while the prefixes of other waiting
+  requests are still locked from measuring them;
+* a lock left on a refused request; the token budget or the row limit overrun; two requests of one batch
+  computing the same new prefix;
+* head-of-line blocking (stopping at the first request that cannot start); arrival order instead of the
+  longest cached prefix;
+* starvation: no aging, aging one pass late, passes counted once per batch, or only when a request was
+  tried and refused; aging too early: passes counted for requests that arrived earlier; ranks not updated
+  within a call; an aged request skipped when it cannot start; aged requests ordered by prefix;
+* decisions that change from one run of a workload to the next (time, randomness).
+
+Grading: ``python -m autograder lab05`` runs fixed cases on the real scheduler (a model-free engine with
+the engine's own KV pool, radix cache and request table, ``debug_checks=True``), random workloads with
+pages of 1, 2 and 4 tokens (every call checked against the rules above, as it happens), the prefix-cache
+hit rate on shared-prefix workloads (at least the grader's own policy's, with no request passed more than
+``AGING`` times), then the real engine with ``components={"admission": "lab05"}`` on a tiny model, which
+must generate the reference's tokens: an admission order never changes a request's tokens.
 """
 
 from __future__ import annotations
@@ -65,47 +110,58 @@ from minisgl.core import Req
 from minisgl.scheduler.admission import AdmissionContext, AdmissionPolicy
 
 
-class FairAdmission(AdmissionPolicy):
-    """Reserve-all admission with skip-ahead and aging (the contract is the module docstring)."""
+class CacheAwareAdmission(AdmissionPolicy):
+    """Longest cached prefix first, with aging, reserving all of ``max_tokens`` (the contract is the
+    module docstring)."""
 
-    AGING = 4  # later admissions a passed-over request tolerates; then nobody passes it
+    AGING = 4  # passes after which a waiting request is aged
 
     def __init__(self):
-        self.passed_over: dict[int, int] = {}  # uid -> requests admitted ahead of it while it waited
+        # BEGIN SOLUTION what="the state the policy keeps from one call to the next" hint="a count of passes per waiting request, by uid"
+        self.passed: dict[int, int] = {}
+        # END SOLUTION
 
     def reserved_len(self, req: Req) -> int:
-        """The positions ``[0, reserved_len)`` of ``req`` to hold KV for: all it may ever need."""
-        # BEGIN SOLUTION hint="reserve the prompt and every output: all positions the request may ever feed"
+        """How many positions of ``req``, from position 0, to hold KV for."""
+        # BEGIN SOLUTION what="how many positions an admitted request holds KV for" hint="every token the request can ever have (its prompt and max_tokens outputs) but the last, which is sampled and never fed back"
         return req.max_device_len - 1
         # END SOLUTION
 
-    def fits(self, req: Req, ctx: AdmissionContext) -> bool:
-        """Match (lock) ``req``'s cached prefix, then whether its reservation fits in the pages left;
-        a request that does not fit is unmatched again."""
-        # BEGIN SOLUTION hint="ctx.match first; then pages_needed vs available_pages() - reserved_pages; unmatch if not"
-        ctx.match(req)
-        if ctx.pages_needed(req) <= ctx.available_pages() - ctx.reserved_pages:
-            return True
-        ctx.unmatch(req)
-        return False
-        # END SOLUTION
-
     def admit(self, waiting: Sequence[Req], ctx: AdmissionContext) -> None:
-        """Admit requests of ``waiting`` in order while ``ctx.has_room``: skip-ahead, with aging."""
-        live = {r.uid for r in waiting}  # counts of requests that left the queue are dropped
-        self.passed_over = {uid: n for uid, n in self.passed_over.items() if uid in live}
-        # BEGIN SOLUTION hint="for each request in order: stop without room or once a skipped one aged; fits -> admit"
-        skipped: list[Req] = []
-        for req in waiting:
-            if not ctx.has_room or any(self.passed_over.get(r.uid, 0) >= self.AGING for r in skipped):
-                break
-            if ctx.waits_for_batch_prefix(req):
-                continue
-            if not self.fits(req, ctx):
-                skipped.append(req)
-                continue
-            ctx.admit(req)
-            self.passed_over.pop(req.uid, None)
-            for r in skipped:
-                self.passed_over[r.uid] = self.passed_over.get(r.uid, 0) + 1
+        """Start requests of ``waiting`` (oldest first) through ``ctx.admit``, by rank, while they can start."""
+        # BEGIN SOLUTION what="the admission: who starts in this batch, in which order, and who was passed" hint="measure each request's cached prefix (match, then unmatch at once); then repeatedly take the best-ranked request that can start (match it, compare its pages with what is left, unmatch it if it does not fit), admit it and count a pass for every older request still waiting; stop when there is no room, nobody can start, or an aged request cannot"
+        queue = list(waiting)
+        self.passed = {r.uid: self.passed.get(r.uid, 0) for r in queue}
+        arrival = {r.uid: i for i, r in enumerate(queue)}
+        prefix = {}
+        for r in queue:
+            prefix[r.uid] = ctx.match(r)
+            ctx.unmatch(r)
+
+        def rank(r: Req) -> tuple[int, int, int]:
+            if self.passed[r.uid] >= self.AGING:
+                return (0, 0, arrival[r.uid])
+            return (1, -prefix[r.uid], arrival[r.uid])
+
+        cannot: set[int] = set()  # cannot start in this call: memory only shrinks as requests are admitted
+        while ctx.has_room:
+            chosen = None
+            for r in sorted((r for r in queue if r.uid not in cannot), key=rank):
+                if not ctx.waits_for_batch_prefix(r):
+                    ctx.match(r)
+                    if ctx.pages_needed(r) <= ctx.available_pages() - ctx.reserved_pages:
+                        chosen = r
+                        break
+                    ctx.unmatch(r)
+                if self.passed[r.uid] >= self.AGING:
+                    return  # an aged request that cannot start: the memory that frees up is its
+                cannot.add(r.uid)
+            if chosen is None:
+                return
+            ctx.admit(chosen)
+            queue.remove(chosen)
+            del self.passed[chosen.uid]
+            for r in queue:
+                if arrival[r.uid] < arrival[chosen.uid]:
+                    self.passed[r.uid] += 1
         # END SOLUTION

@@ -1,7 +1,7 @@
-"""Lab 05 adapter: the ``FairAdmission`` class of ``lab05_admission.py``, used only through the
-``AdmissionPolicy`` interface and its ``fits`` helper, and the
-swap-in that lets the real engine run on it: the class registered in
-``minisgl.scheduler.ADMISSION_POLICIES`` as ``"lab05"`` (``LLM(components={"admission": "lab05"})``)."""
+"""Lab 05 adapter: the ``CacheAwareAdmission`` class of ``lab05_admission.py``, used only through the
+``AdmissionPolicy`` interface (``reserved_len``, ``admit``), and the swap-in that lets the real engine run
+on it: the class registered in ``minisgl.scheduler.ADMISSION_POLICIES`` as ``"lab05"``
+(``LLM(components={"admission": "lab05"})``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ STEM = "lab05_admission"
 
 
 def policy_class() -> type[AdmissionPolicy]:
-    cls = require(STEM, "FairAdmission")
+    cls = require(STEM, "CacheAwareAdmission")
     if not (isinstance(cls, type) and issubclass(cls, AdmissionPolicy)):
-        raise TypeError("FairAdmission must be a class derived from minisgl.scheduler.admission.AdmissionPolicy")
+        raise TypeError("CacheAwareAdmission must be a class derived from minisgl.scheduler.admission.AdmissionPolicy")
     return cls
 
 

@@ -1,43 +1,39 @@
-"""Lab 05, hidden tests: pages of more than one token. The reservation is counted in whole pages
-(``ctx.pages_needed``): random workloads at page sizes 2 and 4, and a fixed case where counting in
-tokens, or rounding pages down, gives the wrong answer. Each calls the policy first, so a stub fails
-at once with its hint."""
+"""Lab 05, hidden tests: the same contract on other workloads. Random workloads with pages of 2, 3 and 4
+tokens (3: not a power of two), and a long stream of requests sharing a system prompt with several that
+share nothing mixed in (each starts after at most AGING passes). Each calls the policy first, so a stub fails
+at once with its message."""
 
 from __future__ import annotations
 
 from autograder import scheduler_sim as sim
 from autograder.adapters import lab05 as lab
 from autograder.points import points
-from autograder.test_lab05_admission import check_workload, ids, random_workload, state
+from autograder.test_lab05_admission import AGING, SYSTEM, admission_order, ids, play, random_workload
 
 
-@points(5, timeout=90)
-def test_random_workloads_at_page_sizes_2_and_4():
-    """Random workloads with pages of 2 and 4 tokens: every rule holds and every decision is the reference's."""
+@points(5, timeout=120)
+def test_random_workloads_at_page_sizes_2_3_and_4():
+    """Random workloads with pages of 2, 3 and 4 tokens: every rule holds at every call."""
     lab.make_policy().reserved_len(sim.request(sim.make_scheduler(), 0, [1, 2, 3], 4))  # a stub fails here
-    for page_size in (2, 4):
-        for seed in range(12):
-            try:
-                check_workload(random_workload(1000 + seed, page_size))
-            except AssertionError as e:
-                raise AssertionError(f"page_size {page_size}, workload seed {seed}: {e}") from None
+    for page_size in (2, 3, 4):
+        for seed in range(10):
+            play(random_workload(1000 + seed, page_size), f"page_size {page_size}, workload seed {seed}")
 
 
-@points(5)
-def test_fits_counts_whole_pages():
-    """With 4-token pages a request needs ceil(positions / 4) pages: not its tokens, nor pages rounded down."""
-    # a running request holds 2 pages (8 prompt tokens) and reserves 2 more: 6 of the 10 pages are left
-    build = lambda: state(10, running=[(ids(70, 8), 8)], page_size=4)  # noqa: E731
-    for max_tokens, want in [(20, False), (10, True)]:
-        sched = build()
-        policy = lab.make_policy()
-        ctx = sim.context(sched, policy)
-        req = sim.request(sched, 5, ids(71, 6, first=905), max_tokens)
-        ok = policy.fits(req, ctx)
-        positions = policy.reserved_len(req)
-        left = ctx.available_pages() - ctx.reserved_pages
-        assert ok is want, (
-            f"page_size 4: fits() returned {ok} for a request reserving {positions} positions "
-            f"({-(-positions // 4)} pages; {positions // 4} rounded down) with {left} pages left; expected {want}. "
-            "Count the reservation in whole pages, rounded up: ctx.pages_needed(req)"
-        )
+@points(5, timeout=60)
+def test_long_stream_with_loners():
+    """Forty requests sharing the cached system prompt arrive two per step on two rows, with five requests
+    that share nothing among them: each of those five starts after at most AGING passes."""
+    lab.make_policy().reserved_len(sim.request(sim.make_scheduler(), 0, [1, 2, 3], 4))  # a stub fails here
+    reqs = [(0, SYSTEM + ids(200, 3, first=988), 2)]
+    loners = []
+    for i in range(40):
+        reqs.append((i // 2, SYSTEM + ids(201 + i, 3, first=900 + i), 2))
+        if i % 8 == 3:
+            loners.append(len(reqs))
+            reqs.append((i // 2, ids(300 + i, 5, first=950 + i), 3))
+    w = sim.Workload(reqs, num_pages=120, page_size=2, max_running=2, budget=None)
+    run = play(w, "a stream with requests that share nothing")
+    order = admission_order(run)
+    assert run.max_passes <= AGING, f"a request was passed {run.max_passes} times (admission order {order})"
+    assert sorted(order) == list(range(len(reqs))), f"admission order {order}: not everyone started"

@@ -256,6 +256,14 @@ LABS: dict[str, LabReferences] = {
         ),
         {"LabVerifier": ("verify", "rollback")},
     ),
+    "lab16": LabReferences(
+        (  # decode is also the triton backend's seam default (DECODE_KERNELS["default"]); the kernels refuse launches
+            "minisgl.kernels.triton_attention:decode",
+            "minisgl.kernels.triton_attention:merge",
+            "minisgl.kernels.triton_attention:_decode_kernel",
+            "minisgl.kernels.triton_attention:_merge_kernel",
+        ),
+    ),
 }
 
 GUARD_ENV = "MINISGL_AG_GUARD"  # set while grading: every process that loads a lab file installs the guards
@@ -288,6 +296,8 @@ class _State:
     selected: dict[str, set[str]] = field(default_factory=dict)  # module -> guarded qualnames
     ids: dict[str, dict[int, str]] = field(default_factory=dict)  # lab -> {id of a reference: its name}
     process_guards: bool = False
+    # a reference kernel's function by (file, first line) -> (its name, its labs): to know a kernel made from it
+    kernel_codes: dict[tuple[str, int], tuple[str, set[str]]] = field(default_factory=dict)
 
 
 _state = _State()
@@ -565,7 +575,10 @@ def _kernel(value: Any) -> bool:
 
 
 def _guard_kernel(kernel: Any, name: str, lab: str) -> None:
-    """Its launches (``kernel[grid](...)`` calls ``kernel.run``) refuse lab code, as a guarded function does."""
+    """Its launches (``kernel[grid](...)`` calls ``kernel.run``) refuse lab code, as a guarded function does; so
+    do those of another kernel object made from its function (``triton.jit(kernel.fn)``, or a function made
+    from its code: Triton compiles, and its interpreter rewrites, the function's source, never the guarded
+    code)."""
     real, labs = kernel.run, {lab}
 
     def run(*args, **kwargs):
@@ -578,6 +591,33 @@ def _guard_kernel(kernel: Any, name: str, lab: str) -> None:
         return real(*args, **kwargs)
 
     kernel.run = run
+    code = getattr(getattr(kernel, "fn", None), "__code__", None)
+    if code is not None:
+        _state.kernel_codes.setdefault((code.co_filename, code.co_firstlineno), (name, set()))[1].add(lab)
+        _guard_kernel_class(type(kernel))
+
+
+def _guard_kernel_class(cls: type) -> None:
+    """Every launch of a kernel of ``cls`` (Triton's JITFunction, or its interpreter's function) whose function
+    has a reference kernel's code refuses lab code (a reference kernel's own ``run`` is guarded already)."""
+    if "_ag_guarded_run" in vars(cls):
+        return
+    real = cls.run
+
+    def run(self, *args, **kwargs):
+        code = getattr(getattr(self, "fn", None), "__code__", None)
+        found = _state.kernel_codes.get((code.co_filename, code.co_firstlineno)) if code is not None else None
+        if found is not None:
+            where = _asking(sys._getframe(1), found[1])
+            if where is not None:
+                raise _refuse(
+                    f"your code launches a copy of the engine's own kernel {found[0]} ({where}): the lab asks you "
+                    "to write it (graded 0 until then)"
+                )
+        return real(self, *args, **kwargs)
+
+    cls.run = run
+    cls._ag_guarded_run = True
 
 
 def _module_and_names(dotted: str, refs: set[str] = frozenset()) -> tuple[types.ModuleType, set[str]] | None:

@@ -362,4 +362,49 @@ PROBES = [
         "library_shortcut",
         "LabDetokenizer.push is the tokenizers library's incremental DecodeStream, which the docstring rules out",
     ),
+    _probe(
+        "launches_the_engines_decode_kernel",
+        "lab16_flash_decoding",
+        (
+            (
+                "    split_kernel[(bsz, kv_heads, splits)](\n",
+                "    from minisgl.kernels import triton_attention\n\n"
+                "    triton_attention._decode_kernel[(bsz, kv_heads, splits)](\n"
+                "        q, q.stride(0), q.stride(1), k_slots, v_slots, k_slots.stride(0),\n"
+                "        page_table, page_table.stride(0), rows, lens,\n"
+                "        out, out.stride(0), out.stride(1), part, lse, scale,\n"
+                "        GROUP=group, HEAD_DIM=dim, SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)),\n"
+                "        BLOCK_N=64, EXACT=exact(q.dtype),\n"
+                "    )\n"
+                "    split_kernel[(0, kv_heads, splits)](\n",
+            ),
+        ),
+        ("docstring_examples",),
+        "your code launches the engine's own kernel minisgl.kernels.triton_attention._decode_kernel "
+        "(lab16_flash_decoding.py:",
+        "private_helper",
+        "decode launches the engine's Triton decode kernel (a private helper of triton_attention) on its own grid",
+    ),
+    _probe(
+        "the_engines_merge_kernel_jitted_again",
+        "lab16_flash_decoding",
+        (
+            (
+                "    merge_kernel[(bsz, heads)](\n",
+                "    from minisgl.kernels import triton_attention\n\n"
+                "    again = triton.jit(triton_attention._merge_kernel.fn)  # a new kernel object from its function\n"
+                "    again[(bsz, heads)](\n"
+                "        part, lse, out, out.stride(0), out.stride(1),\n"
+                "        HEAD_DIM=dim, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),\n"
+                "    )\n"
+                "    merge_kernel[(0, heads)](\n",
+            ),
+        ),
+        ("docstring_examples",),
+        "your code launches a copy of the engine's own kernel minisgl.kernels.triton_attention._merge_kernel "
+        "(lab16_flash_decoding.py:",
+        "code_copy",
+        "merge compiles the engine's merge kernel again from its Python function (triton.jit(kernel.fn)) and "
+        "launches that",
+    ),
 ]

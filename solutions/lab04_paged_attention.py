@@ -18,22 +18,35 @@ in the pool. Its tokens sit in the flat batch one request after the other::
 
 Contract (the grader compares every result with the engine's ``TorchBackend``):
 
-* ``key_mask(starts, ends)``: ``[num_tokens, max(ends)]`` bool, ``True`` where a token may attend to
-  a key position. The token at position ``p`` of a request sees keys ``0..p`` (its cached prefix
-  too), and never a key position ``>= ends[i]`` (padding: requests are padded to the longest).
-  When every request extends one token (a decode batch) each query sits at ``ends[i] - 1`` and sees
-  all of its request's keys.
-* ``prepare_metadata(batch)``: fill ``batch.attn_metadata`` with a fresh ``PagedMetadata`` for
-  *this* batch (the engine calls it once per batch; never reuse another batch's): ``kv_slots``
-  ``[B, max(ends)]`` int64, row ``i`` = the page table of ``batch.reqs[i].table_idx`` (positions
-  past ``ends[i]`` may hold anything); ``token_req`` ``[num_tokens]`` int64, the request of each
-  token; ``mask`` from ``key_mask``. All on the page table's device.
-* ``paged_attention(q, k_slots, v_slots, md, scale)``: ``q`` ``[num_tokens, heads, D]``; returns
-  ``[num_tokens, heads * D]`` in ``q.dtype``. Query head ``h`` reads KV head ``h // (heads //
-  kv_heads)`` (grouped-query attention: consecutive query heads share a KV head). Scores
-  ``q . k * scale``, masked, softmax over keys, weighted sum of values.
-* ``forward(q, k, v, layer_id, batch)``: first store the new ``k``/``v`` of layer ``layer_id`` at
-  slots ``batch.out_loc`` (``self.pool.store``), then attend: the batch's own tokens are keys too.
+* ``key_mask(starts, ends)``: ``[num_tokens, max(ends)]`` bool, one row per token of the flat batch
+  (requests in order) and one column per key position, ``True`` where that token may attend to that
+  key. The token at position ``p`` of a request sees keys ``0..p`` of its own request (its cached
+  prefix too, itself included), and never a key position ``>= ends[i]`` (padding: requests are
+  padded to the longest). When every request extends one token (a decode batch) each query sits at
+  ``ends[i] - 1`` and sees all of its request's keys. Example, the batch above: ``starts = [3, 7]``,
+  ``ends = [6, 8]`` -> 4 rows of 8 columns, seeing keys ``0..3``, ``0..4``, ``0..5`` and ``0..7``
+  (``[[1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1,
+  1, 1, 1]]``).
+* ``prepare_metadata(batch)``: set ``batch.attn_metadata`` to a fresh ``PagedMetadata`` for *this*
+  batch (the engine calls it once per batch; another batch's has other rows and lengths):
+  ``kv_slots`` ``[B, max(ends)]`` int64, where ``kv_slots[i, p]`` is the KV slot of position ``p`` of
+  request ``i``, as its page-table row (``batch.reqs[i].table_idx``) says (entries at ``p >=
+  ends[i]`` may hold anything); ``token_req`` ``[num_tokens]`` int64, the request of each token;
+  ``mask``, the key mask above. All on the page table's device.
+* ``paged_attention(q, k_slots, v_slots, md, scale)``: ``q`` ``[num_tokens, heads, D]``; ``k_slots``
+  and ``v_slots`` one layer's pool, ``[num_slots, kv_heads, D]``, indexed by slot. Token ``j`` attends,
+  through ``md``, to the keys its mask row allows, read from the slots of its request. Query head
+  ``h`` reads KV head ``h // (heads // kv_heads)`` (grouped-query attention: consecutive query heads
+  share a KV head). The weights are the softmax of ``scale`` times the query's dot product with each
+  visible key (``scale`` as given); the output is their weighted sum of values, ``[num_tokens, heads
+  * D]`` in ``q.dtype`` (each token's heads side by side). Example: ``q`` all zeros ``[1, 2, 1]``,
+  ``k_slots`` all zeros ``[3, 1, 1]``, ``v_slots = [[[1]], [[2]], [[6]]]``, ``md.kv_slots = [[2,
+  0]]``, ``md.token_req = [0]``, ``md.mask = [[True, True]]``, ``scale = 1`` -> ``[[3.5, 3.5]]``
+  (both heads weigh slots 2 and 0 alike).
+* ``forward(q, k, v, layer_id, batch)``: the new tokens' ``k`` and ``v`` of layer ``layer_id`` are in
+  the pool at slots ``batch.out_loc`` (``self.pool``'s store) *before* the attention reads it: the
+  batch's own tokens are keys too. Returns ``paged_attention``'s output with the backend's
+  ``self.scale``.
 * **Precision.** Scores, softmax and the weighted sum in float32, rounded once to ``q.dtype``:
   float32 results match ``TorchBackend`` within 1e-5; bfloat16 results are within one bfloat16 unit
   in the last place of the exact (float64) attention of the same inputs.
@@ -42,23 +55,23 @@ Contract (the grader compares every result with the engine's ``TorchBackend``):
 
 Pitfalls the grader recognises (its messages name them):
 
-* the mask: positions counted from the first new token instead of from 0 (forgetting the cached
-  prefix: ``p = starts[i] + t``); ``<`` instead of ``<=`` (a token must see itself); a decode row
-  that sees only its new token, or that also sees the padding past its request's end (key
-  ``ends[i]`` included); the decode shortcut taken when only some requests extend one token;
-* the metadata: key positions used as slots (read the page table), or one batch's metadata kept
-  and reused for the next;
-* the math: query head ``h`` reading KV head ``h % kv_heads`` instead of ``h // group``; a scale
-  other than ``scale`` (``1/sqrt(D)``); the softmax in bfloat16, or ``q * scale`` computed in
+* the mask: positions counted from the first new token instead of from 0 (the cached prefix
+  forgotten); a token that does not see itself; a decode row that sees only its new token, or that
+  also sees the padding past its request's end (key ``ends[i]`` included); the decode shape (one
+  query per request) taken when only some requests extend one token;
+* the metadata: key positions used as slots (the page table not read), rows taken by the request's
+  index in the batch instead of its table row, or one batch's metadata kept and reused for the next;
+* the math: query head ``h`` reading KV head ``h mod kv_heads`` (round-robin instead of consecutive
+  groups); a scale other than ``scale`` (``1/sqrt(D)``); the softmax in bfloat16, or ``q`` scaled in
   bfloat16 (exact only while the scale is a power of two);
 * ``forward``: attending before storing the new K/V (the batch's tokens then read stale slots).
 
-Grading: ``python -m autograder lab04`` checks ``key_mask`` on fixed and random batches, the
-metadata, the attention math in float32 and bfloat16 (head_dim 16 and 32) against an exact
-oracle, the whole backend against ``TorchBackend`` on ragged batches (cached prefixes, decode
-rows, extends on page boundaries, page sizes 1 and 16, grouped-query attention), then runs the
-engine with ``attention_backend=<your backend>`` and checks its greedy tokens equal the reference
-engine's.
+Grading: ``python -m autograder lab04`` (``--hint`` prints a hint per function) checks ``key_mask``
+on fixed and random batches, the metadata, the attention math in float32 and bfloat16 (head_dim 16
+and 32) against an exact oracle, the whole backend against ``TorchBackend`` on ragged batches (cached
+prefixes, decode rows, extends on page boundaries, page sizes 1 and 16, grouped-query attention),
+then runs the engine with ``attention_backend=<your backend>`` and checks its greedy tokens equal the
+reference engine's.
 """
 
 from __future__ import annotations
@@ -93,7 +106,7 @@ def token_positions(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
 def key_mask(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """``[num_tokens, max(ends)]`` bool: which key positions each token may attend to (int64 CPU
     ``starts``/``ends``, one entry per request)."""
-    # BEGIN SOLUTION hint="token at position p = starts[i] + t sees keys 0..p; a decode row sees keys 0..ends[i]-1"
+    # BEGIN SOLUTION what="the key mask of the ragged batch, decode batches included" hint="the key positions 0 .. max(ends) - 1 compared with each token's position (token_positions): key <= position; for an all-decode batch, key < ends[i] per request"
     max_len = int(ends.max())
     kpos = torch.arange(max_len)
     if bool(((ends - starts) == 1).all()):  # decode: one query per request, at position ends - 1
@@ -108,7 +121,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """``q`` ``[num_tokens, heads, D]``, ``k_slots``/``v_slots`` ``[num_slots, kv_heads, D]`` (the
     pool of one layer, indexed by slot). Returns ``[num_tokens, heads * D]`` in ``q.dtype``."""
-    # BEGIN SOLUTION hint="gather K/V via md.kv_slots[md.token_req]; head h reads KV head h // group; float32 softmax"
+    # BEGIN SOLUTION what="grouped-query attention of every token over the slots its request holds" hint="index md.kv_slots by md.token_req for each token's slots; gather K and V there with the KV head of each query head (h // group); scores in float32 times scale, -inf outside md.mask, softmax, weighted sum, one cast to q.dtype, reshape to [tokens, heads * D]"
     n, heads, dim = q.shape
     kv_heads = k_slots.shape[1]
     slots = md.kv_slots[md.token_req]  # [N, L]: the slots of the keys each token may see
@@ -129,7 +142,7 @@ class PagedAttentionBackend(AttentionBackend):
     name = "lab04"
 
     def prepare_metadata(self, batch: Batch) -> None:
-        # BEGIN SOLUTION hint="kv_slots = page_table[rows, :max(ends)] (rows = req.table_idx), token_req, key_mask"
+        # BEGIN SOLUTION what="this batch's metadata: the slots of every request's keys, each token's request, the mask" hint="rows = each request's table_idx; kv_slots = the page table at those rows, columns up to max(ends), as int64; token_requests and key_mask of starts/ends; all moved to the page table's device"
         device = self.page_table.device
         starts = torch.tensor(batch.starts, dtype=torch.int64)
         ends = torch.tensor(batch.ends, dtype=torch.int64)
@@ -140,7 +153,7 @@ class PagedAttentionBackend(AttentionBackend):
         # END SOLUTION
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        # BEGIN SOLUTION hint="self.pool.store(layer_id, batch.out_loc, k, v) first, then paged_attention on that layer"
+        # BEGIN SOLUTION what="store the new K/V, then attend over the layer's pool" hint="the pool's store method at batch.out_loc for this layer first; then paged_attention with the layer's k_slots and v_slots, the batch's metadata and self.scale"
         self.pool.store(layer_id, batch.out_loc, k, v)
         k_slots, v_slots = self.pool.k_slots(layer_id), self.pool.v_slots(layer_id)
         return paged_attention(q, k_slots, v_slots, batch.attn_metadata, self.scale)

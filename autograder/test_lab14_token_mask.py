@@ -18,7 +18,7 @@ from autograder.adapters import lab14 as lab
 from autograder.engine_runs import engine_failure
 from autograder.points import engine, points
 from minisgl.grammar.base import GrammarError, bitmask_words, pack_bitmask
-from minisgl.grammar.dfa_backend import DFABackend
+from minisgl.grammar.dfa_backend import DFABackend, vocab_bytes
 from minisgl.grammar.dfa_backend import walk as ref_walk
 from minisgl.grammar.regex_dfa import BYTE_DECODER, DEAD, compile_regex
 
@@ -181,8 +181,23 @@ def test_token_bytes_byte_level(tiny_llama):
 @points(5)
 def test_token_bytes_special_tokens(tiny_llama):
     """Every added token marked special is None (all 17 of the embedded tokenizer, not only the 3 of
-    all_special_ids); the rest are bytes."""
-    lab.token_bytes(small_tokenizer())  # a stub fails here, before the tokenizer loads
+    all_special_ids); an added token that is not special is its text's UTF-8; the rest are bytes."""
+    plain = FakeTokenizer([b"a", "<s>", b"b"])
+    plain.vocab["café"] = 3
+    plain.added_tokens_decoder[3] = SimpleNamespace(content="café", special=False)
+    got = lab.token_bytes(plain)  # a stub fails here, before the tokenizer loads
+    want = [b"a", None, b"b", "café".encode()]
+    if got != want:
+        what = f"token_bytes of [b'a', special '<s>', b'b', added 'café' (not special)] = {got}, expected {want}"
+        if isinstance(got, list) and len(got) == 4 and got[1] is not None:
+            raise AssertionError(
+                f"{what}: token 1 ('<s>') is a special added token (added_tokens_decoder[1].special), so None; "
+                f"tokenizer.all_special_ids lists only {plain.all_special_ids}, not every special token"
+            )
+        raise AssertionError(
+            f"{what}: an added token that is not special writes its text as UTF-8 (not GPT-2's alphabet, where 'é' "
+            "would be the lone byte 0xE9); only special added tokens are None"
+        )
     tok = real_tokenizer(tiny_llama)
     got = lab.token_bytes(tok)
     for i, added in sorted(tok.added_tokens_decoder.items()):
@@ -261,6 +276,11 @@ def test_eos_only_in_accepting_states():
         got = got.tolist() if isinstance(got, torch.Tensor) else list(got)
         if got != want:
             wrong = sorted(set(got) ^ set(want))
+            if not wrong:
+                raise AssertionError(
+                    f"allowed_tokens(r'\\d+', state {state}, {vocab}, stop_ids {stops}) = {got}, expected {want}: "
+                    "the same ids, but the result lists each allowed id once, in ascending order (stop ids too)"
+                )
             raise AssertionError(
                 f"allowed_tokens(r'\\d+', state {state} ({'' if state in dfa.accepting else 'not '}accepting), "
                 f"{vocab}, stop_ids {stops}) = {got}, expected {want}; "
@@ -426,7 +446,10 @@ def test_matcher_refuses_and_changes_nothing():
     tok = small_tokenizer()
     n = len(tok)
     _, mine, ref = _pair(tok, n + 8, STOP, r"\d+-\d")
-    assert mine.accept_token(3) and ref.accept_token(3)
+    ok = mine.accept_token(3)
+    assert ref.accept_token(3) and ok is True, (
+        f"accept_token(3) (b'1') at the start of r'\\d+-\\d' returned {ok}, expected True: a digit is allowed there"
+    )
     before = bits(_row(ref, n + 8), n + 8)
     for bad in (5, 6, 2, 1, 10, n + 3, 0):
         ok = mine.accept_token(bad)
@@ -438,7 +461,15 @@ def test_matcher_refuses_and_changes_nothing():
             f"a refused accept_token({bad}) changed the row from {before} to {got}: a refused token changes nothing "
             "(check the walk before you move the state)"
         )
-    assert mine.accept_token(7) is True and not mine.is_terminated()
+    ok = mine.accept_token(7)
+    assert ok is True, (
+        f"after refusing {(5, 6, 2, 1, 10, n + 3, 0)}, accept_token(7) (b'-') returned {ok}, expected True: the "
+        "matcher must still be where b'1' left it (a refused token changes nothing, so the dash is allowed next)"
+    )
+    assert not mine.is_terminated(), (
+        "is_terminated() is True after refused tokens and a dash: a refused stop token (EOS before the match is "
+        "whole) changes nothing, and only an accepted one terminates the matcher"
+    )
 
 
 @points(5)
@@ -511,6 +542,15 @@ def test_random_regexes_match_reference(tiny_llama):
     tokens): allowed_tokens in every state, packed rows, and matchers on random walks equal the reference."""
     for state in (0, 1):  # the explicit cases first: what the random ones may not hit
         expect_allowed(compile_regex(r"\d+"), state, SMALL_BYTES, STOP, "SMALL vocabulary, r'\\d+'")
+    expect_allowed(compile_regex(r"\d+"), 1, [b"1", b"x", b"2", b"12"], [1, 2], "stop ids 1 and 2 among text")
+    mixed = FakeTokenizer([b"a", "<s>", b"b"])  # an added token that is not special: the real vocabulary has none
+    mixed.vocab["ünï"] = 3
+    mixed.added_tokens_decoder[3] = SimpleNamespace(content="ünï", special=False)
+    got, want = lab.token_bytes(mixed), vocab_bytes(mixed)
+    assert got == want, (
+        f"token_bytes of a vocabulary with the added token 'ünï' (not special) = {got}, expected {want}: an added "
+        "token that is not special writes its text as UTF-8; only special added tokens are None"
+    )
     expect_row([31, 37], 64)
     small = small_tokenizer()
     _, mine, ref = _pair(small, len(SMALL) + 40, STOP, r"\d+-\d")

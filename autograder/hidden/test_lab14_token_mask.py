@@ -27,15 +27,16 @@ from minisgl.grammar.regex_dfa import compile_regex
 
 @points(3)
 def test_token_bytes_added_tokens_not_special():
-    """An added token that is not special is text: its UTF-8 ("café" -> b"caf\\xc3\\xa9"), not GPT-2's
-    alphabet (where "é" would be the lone byte 0xE9)."""
+    """An added token that is not special is text, even when its characters are GPT-2's alphabet: "Ġcafé"
+    is its UTF-8 (b"\\xc4\\xa0caf\\xc3\\xa9"), not b" caf\\xe9" (the vocabulary's spelling read back)."""
     tok = FakeTokenizer([b"a", "<s>", b"b"])
-    tok.vocab["café"] = 3
-    tok.added_tokens_decoder[3] = SimpleNamespace(content="café", special=False)
+    tok.vocab["Ġcafé"] = 3
+    tok.added_tokens_decoder[3] = SimpleNamespace(content="Ġcafé", special=False)
     got = lab.token_bytes(tok)
-    assert got == [b"a", None, b"b", "café".encode()], (
-        f"token_bytes = {got}, expected [b'a', None, b'b', b'caf\\xc3\\xa9']: an added token whose special is "
-        "False is plain text (its UTF-8); only special added tokens are None"
+    want = [b"a", None, b"b", "Ġcafé".encode()]
+    assert got == want, (
+        f"token_bytes = {got}, expected {want}: an added token whose special is False is plain text, its UTF-8, "
+        "whatever its characters (only the vocabulary's own tokens spell bytes with GPT-2's alphabet)"
     )
 
 

@@ -171,6 +171,28 @@ MUTANTS = [
         hint="at most once per compiled regex",
         why="a scan of the whole vocabulary at every step of every request",
     ),
+    Mutant(
+        "non_special_added_tokens_dropped",
+        STEM,
+        (("            elif not tok.special:\n", "            elif False:\n"),),
+        must_fail=("token_bytes_special_tokens", "random_regexes_match_reference"),
+        hint="an added token that is not special writes its text as UTF-8",
+        why="every added token is None, also one that is plain text: the model can never write it",
+    ),
+    Mutant(
+        "stop_ids_listed_first",
+        STEM,
+        (
+            (
+                "    return out\n    # END SOLUTION\n\n\ndef pack_row",
+                "    return sorted(i for i in out if i in stops) + [i for i in out if i not in stops]\n"
+                "    # END SOLUTION\n\n\ndef pack_row",
+            ),
+        ),
+        must_fail=("eos_only_in_accepting_states",),
+        hint="in ascending order",
+        why="the allowed stop ids come before the text tokens: the ids are no longer ascending",
+    ),
     # ---- the kinds of hole (mutants.KINDS) --------------------------------------------------------------
     Mutant(
         "word_of_exactly_bit_31",

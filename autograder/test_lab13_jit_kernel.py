@@ -138,6 +138,12 @@ def diagnose(c: Case, got: torch.Tensor) -> str:
                     f"q's strides: q is not contiguous here (strides {tuple(c.q.stride())}) and your kernel read it "
                     f"{how}; element (b, h, d) of q is at first(q) + b * stride(0) + h * stride(1) + d * stride(2)"
                 )
+    if not c.q.is_contiguous():
+        written = torch.as_strided(got.flatten(), got.shape, c.q.stride())  # out as if written at q's strides
+        if sum((n - 1) * st for n, st in zip(got.shape, c.q.stride())) < got.numel() and _close(
+            written, reference(c), dt
+        ):
+            return "out written at q's strides: " + OUT_AT_Q_STRIDES.format(strides=tuple(c.q.stride()))
     if _close(got, reference(c, scale=1.0), dt):
         return "the scale: scores are q . k * scale (the scale argument), and the kernel left it out"
     return (
@@ -146,7 +152,36 @@ def diagnose(c: Case, got: torch.Tensor) -> str:
     )
 
 
+OUT_AT_Q_STRIDES = (
+    "out's layout is its own: out is a new contiguous [B, H, D] tensor, element (b, h, d) at first(out) + "
+    "(b * H + h) * D + d, whatever q's strides are; q's strides (here {strides}) address q alone"
+)
+
+
+def expect_writes_inside_out(c: Case, why: str = "") -> None:
+    """Run the compiled ``paged_decode`` into an ``out`` that lies inside a larger buffer: the buffer
+    around it must not change. (Writes past the end of an ``out`` of its own would corrupt the heap,
+    and the process would die with "double free or corruption" instead of a message.)"""
+    B, H, D = c.q.shape
+    n = B * H * D
+    reach = 1 + sum((size - 1) * stride for size, stride in zip(c.q.shape, c.q.stride()))
+    pad = max(reach, n) + 64  # room for a kernel that writes out at q's strides, or one row too far
+    buf = torch.randn(pad + n + pad, generator=torch.Generator().manual_seed(5)).to(c.q.dtype)
+    around = buf.clone()
+    lab.paged_decode(c.q, c.k, c.v, c.slots, c.lens, buf[pad : pad + n].view(B, H, D), c.scale)
+    outside = torch.cat([(buf != around)[:pad], (buf != around)[pad + n :]])
+    if bool(outside.any()):
+        where = "after" if bool((buf != around)[pad + n :].any()) else "before"
+        raise AssertionError(
+            f"{why + ': ' if why else ''}{c.what}: your kernel wrote {int(outside.sum())} values outside out "
+            f"({where} it): writes past the end of out corrupt the heap (a crash, 'double free or corruption'). "
+            + OUT_AT_Q_STRIDES.format(strides=tuple(c.q.stride()))
+        )
+
+
 def expect(c: Case, why: str = "") -> None:
+    if not c.q.is_contiguous():  # a kernel that writes out at q's strides writes outside out: say so, not crash
+        expect_writes_inside_out(c, why)
     got = lab.paged_decode_attention(*c.args())
     B, H, D = c.q.shape
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != (B, H, D) or got.dtype != c.q.dtype:
@@ -210,7 +245,8 @@ def test_large_scores():
 @points(6)
 def test_strided_q():
     """q as a view into each request's row of a fused qkv projection (stride(0) is (H + 2 Hkv) * D) and
-    head-major (an [H, B, D] tensor transposed: stride(1) is B * D)."""
+    head-major (an [H, B, D] tensor transposed: stride(1) is B * D); out keeps its own contiguous layout
+    (the kernel is first run into an out inside a larger buffer, which must not change around it)."""
     expect(make_case([5, 8], heads=(4, 2), q_layout="qkv rows", seed=7), "q from fused qkv rows")
     expect(make_case([5, 8], heads=(4, 2), q_layout="head-major", seed=8), "q head-major")
 

@@ -11,15 +11,16 @@ copy, as ``tvm::ffi::TensorView``)::
 
     slots[b] = [ 7  8  9 10 | 3  4  . . ]   lens[b] = 6    (pages of 4; "." = padding)
     out[b, h] = sum_j softmax_j(q[b, h] . k[slots[b, j], g] * scale) v[slots[b, j], g],  j < lens[b]
-    g = h / (H / Hkv)                                      (grouped-query attention: H query heads
-                                                            share Hkv KV heads, in order)
+    g: the KV head of query head h (grouped-query attention: H query heads share Hkv KV heads in order,
+       the first H / Hkv of them KV head 0, the next H / Hkv KV head 1, ...)
 
 Contract (the grader compares every result with the torch reference in float64; the engine's own
 kernels are off limits here: a lab that calls, aliases or compiles them is graded 0):
 
-* ``cpp_source()`` returns the C++ source text: ``CPP_HEADER`` followed by your function
-  ``void paged_decode(TensorView q, TensorView k, TensorView v, TensorView slots, TensorView lens,
-  TensorView out, double scale)``, which writes ``out`` in place.
+* ``cpp_source()`` returns the C++ source text: ``CPP_HEADER`` followed by your code, which defines
+  the exported function ``paged_decode``. Its parameters, in this order: ``q``, ``k``, ``v``,
+  ``slots``, ``lens``, ``out``, each a ``TensorView``, then ``scale``, a ``double``; it returns nothing
+  and writes ``out`` in place. (The grader calls it with exactly these seven arguments.)
 * ``build(source)`` compiles ``source`` with ``tvm_ffi.cpp.load_inline`` (module name ``NAME``,
   exported function ``paged_decode``, ``extra_cflags=CFLAGS``) and returns the module. ``build()``
   builds ``cpp_source()``. Each distinct source is compiled once per process (``_BUILT``); tvm_ffi
@@ -27,7 +28,8 @@ kernels are off limits here: a lab that calls, aliases or compiles them is grade
 * ``paged_decode_attention(q, k_pool, v_pool, slots, lens, scale)`` is a ``DecodeKernel`` (see
   ``minisgl/kernels/paged_attention.py``): it allocates ``out`` (``[B, H, D]``, q's dtype,
   contiguous), runs the compiled ``paged_decode`` on the tensors as they are (no copy of the pool,
-  no torch math) and returns ``out``. The grader plugs it into the engine through
+  no torch math) and returns ``out``. ``out``'s layout is its own: element ``(b, h, d)`` of the new
+  contiguous tensor, whatever q's strides are. The grader plugs it into the engine through
   ``DECODE_KERNELS`` / ``use_decode_kernel`` and times it against the best torch version on the same
   machine (the faster of the engine's torch path and ``scaled_dot_product_attention`` on the gathered
   rows): at least 1.25x faster on one thread (the reference is about 1.6x faster).
@@ -58,11 +60,13 @@ t.stride(1) + ...`` *elements*; ``size(i)``, ``ndim()``, ``dtype()`` (a ``DLData
 Pitfalls the grader recognises (its messages name them):
 
 * padding: attending over all ``Lmax`` slots of the row instead of the first ``lens[b]``;
-* grouped-query heads: query head ``h`` reads KV head ``h / (H / Hkv)`` (``h % Hkv`` is another
-  model's layout);
+* grouped-query heads: the query heads of one KV head taken round-robin (head ``h`` reading KV head
+  ``h % Hkv``: another model's layout) instead of in order;
 * the softmax without its maximum subtracted: large scores overflow to inf and the output is NaN;
-* q's strides: reading q as if it were contiguous (a view of wider rows, or head-major);
-* one slot row for all: request ``b``'s slots are row ``b`` of ``slots`` (``b * Lmax + j``);
+* q's strides: reading q as if it were contiguous (a view of wider rows, or head-major), or writing
+  ``out`` at q's strides (past the end of ``out`` when q is a view of wider rows: the grader then sees
+  the writes outside ``out``, which would otherwise corrupt the heap and crash the process);
+* one slot row for all: every request reading the slots of request 0;
 * the order of the checks: a ``lens`` or slot check inside the attention loop raises after earlier
   requests' outputs were written;
 * speed: torch (a gather, ``.contiguous()`` of the pool, a matmul) inside ``paged_decode_attention``
@@ -97,7 +101,7 @@ CPP_HEADER = r"""
 using tvm::ffi::TensorView;
 
 // the address of element 0 of t (a view may start inside its buffer)
-template <typename T>
+template <class T>
 T* first(const TensorView& t) {
   return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
 }
@@ -142,22 +146,11 @@ inline bool same_shape(const TensorView& a, const TensorView& b) {
 
 
 def cpp_source() -> str:
-    """The C++ source of ``paged_decode``: ``CPP_HEADER`` followed by your code, shaped like
-
-        template <typename T>  // float or uint16_t (bfloat16 bits)
-        void attend(...) {
-          // for each request b and query head h: scores over j < lens[b], their softmax, the
-          // weighted sum of the V rows, written to out[b, h] with put()
-        }
-
-        void paged_decode(TensorView q, TensorView k, TensorView v, TensorView slots,
-                          TensorView lens, TensorView out, double scale) {
-          // 1. every check of the docstring, TVM_FFI_THROW(TypeError or ValueError) << "why"
-          // 2. attend<float> or attend<uint16_t>
-        }
-
-    and returned as one string: ``CPP_HEADER + r'''...'''``."""
-    # BEGIN SOLUTION hint="return CPP_HEADER + the C++ text of paged_decode (see the docstrings)"
+    """The C++ source text: ``CPP_HEADER`` followed by your code, which defines ``paged_decode`` (the
+    module docstring states its parameters, its checks and what it writes), as one string. The
+    header's ``to_f`` and ``put`` read and write both dtypes (``float``, and ``uint16_t`` for bfloat16's
+    bits), so one C++ template can serve the two."""
+    # BEGIN SOLUTION what="the C++ source of paged_decode: its checks, then the attention of every request and query head" hint="CPP_HEADER + a template attend<T> (T float or uint16_t) looping over requests and heads: scores over the first lens[b] slots, softmax with the maximum subtracted, the weighted sum of V rows, written with put(); then paged_decode: every check first (TVM_FFI_THROW), then attend<float> or attend<uint16_t>"
     return (
         CPP_HEADER
         + r"""
@@ -235,9 +228,9 @@ def build(source: str | None = None):
     compile error raises (the compiler's output is in the message)."""
     source = cpp_source() if source is None else source
     if source not in _BUILT:
-        # BEGIN SOLUTION hint="compile source with tvm_ffi.cpp.load_inline (see the docstring) into _BUILT[source]"
         import tvm_ffi.cpp
 
+        # BEGIN SOLUTION what="the compiled module of source, kept in _BUILT" hint="tvm_ffi.cpp.load_inline(NAME, cpp_sources=source, functions=[...], extra_cflags=CFLAGS)"
         _BUILT[source] = tvm_ffi.cpp.load_inline(
             NAME, cpp_sources=source, functions=["paged_decode"], extra_cflags=CFLAGS
         )
@@ -250,7 +243,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Decode attention of ``q`` ``[B, H, D]`` over the pool's rows ``slots`` (``lens[b]`` of row b),
     computed by the C++ kernel into a new ``[B, H, D]`` tensor of q's dtype."""
-    # BEGIN SOLUTION hint="allocate out, run the compiled paged_decode on the tensors as they are, return out"
+    # BEGIN SOLUTION what="the kernel's output for these tensors, computed by the compiled paged_decode" hint="allocate out (q's shape and dtype), call build().paged_decode on the tensors as they are, return out"
     out = torch.empty(q.shape, dtype=q.dtype)
     build().paged_decode(q, k_pool, v_pool, slots, lens, out, scale)
     return out

@@ -52,6 +52,22 @@ MUTANTS = [
         why="exp of the raw scores: a score past 89 overflows to inf, and inf / inf is NaN",
     ),
     Mutant(
+        "out_written_at_q_strides",
+        STEM,
+        (
+            (
+                "      T* o = first<T>(out) + (b * H + h) * D;\n"
+                "      for (int64_t d = 0; d < D; ++d) put(o + d, acc[d] / sum);\n",
+                "      T* o = first<T>(out) + b * q.stride(0) + h * q.stride(1);\n"
+                "      for (int64_t d = 0; d < D; ++d) put(o + d * q.stride(2), acc[d] / sum);\n",
+            ),
+        ),
+        must_fail=("strided_q", "random_batches_match_torch"),
+        hint="values outside out",
+        why="out written at q's strides: with q a view of wider qkv rows the writes run past out's end (once a "
+        "bare SIGABRT, 'double free or corruption'), with a head-major q they land in the wrong places",
+    ),
+    Mutant(
         "q_read_as_contiguous",
         STEM,
         (("first<T>(q) + b * q.stride(0) + h * q.stride(1);", "first<T>(q) + (b * H + h) * D;"),),

@@ -10,49 +10,62 @@ is graded 0. The server runs them in two processes::
     scheduler --token ids--> detokenizer process --text pieces--> API server --SSE / JSON--> client
                              LabDetokenizer (one per request)      LabStopStrings (one per sequence)
 
-**LabDetokenizer** (``push(ids) -> str``, ``flush() -> str``). Decoding each token on its own is
-wrong twice: a byte-level BPE (SmolLM2's) splits a multi-byte character such as ``é`` or ``🎉``
-over several tokens, whose bytes alone decode to U+FFFD; and a SentencePiece-style tokenizer drops
-the leading space of the first token it decodes. So keep every id, and decode a *window*
-``ids[prefix:]`` that starts at the tokens of the previous piece, once without the new tokens
-(``ids[prefix:read]``) and once with them; the new text is what the second decode adds::
+**LabDetokenizer** (``push(ids) -> str``, ``flush() -> str``): the tokens of one sequence arrive a few
+at a time; each call returns the text they add, and ``flush()`` (the sequence ended) returns whatever is
+still held back. Call ``full`` the decode of *all* the sequence's ids at once
+(``tokenizer.decode(ids, skip_special_tokens=skip)``). Then:
 
-    ids:   t0 t1 t2 | t3 t4 | t5 (new)
-                    prefix  read
-    old = decode(ids[prefix:read]) = decode([t3, t4])
-    new = decode(ids[prefix:])     = decode([t3, t4, t5])   ->   return new[len(old):]
+* **Exact.** The pieces of every ``push`` and the ``flush``, joined, are ``full``.
+* **Final.** What has been sent is always the beginning of ``full``: a piece is never taken back or
+  changed by later tokens. Two things make that hard. A byte-level BPE (SmolLM2's) splits a
+  multi-byte character such as ``é`` or ``🎉`` over several tokens, whose bytes alone decode to
+  U+FFFD (``REPLACEMENT``); and a SentencePiece-style tokenizer drops the leading space of the first
+  token a decode starts with, so a token decoded without the tokens before it loses its space.
+* **Prompt.** Text is sent by the push that completes it: once the ids pushed so far decode to text
+  that does not end in U+FFFD, all of it has been sent. Only a character still waiting for its
+  other bytes is held back (a push that adds no text, such as a skipped special token, returns ``""``
+  and changes nothing for the tokens after it).
+* ``flush()`` returns the held-back rest as decoded, U+FFFD included (a sequence that ends in the
+  middle of a character); after it nothing is held.
+* ``tokenizer`` None (a model served without one): every call returns ``""``.
 
-* If ``new`` ends in U+FFFD (``"\\ufffd"``) the last character is not complete yet: return ``""``
-  and keep the tokens (the next push decodes them again). Return ``""`` too when ``new`` is no
-  longer than ``old`` (a skipped special token).
-* After returning text, move the window: ``prefix = read`` and ``read = len(ids)``.
-* ``flush()`` (the sequence ended) returns what is still held back, as decoded, U+FFFD included.
-* ``tokenizer`` None: always ``""``. Decode with ``skip_special_tokens=self.skip``.
+Example, tokens ``t1 = b"Hi"``, ``t2 = b" \xf0\x9f"`` (the first half of 🎉), ``t3 = b"\x8e\x89"``
+(its second half): ``push([t1])`` -> ``"Hi"``; ``push([t2])`` -> ``""`` (the decode ends in U+FFFD);
+``push([t3])`` -> ``" 🎉"``; ``flush()`` -> ``""``. Had the sequence ended after ``t2``, ``flush()``
+-> ``" \ufffd"``. With SentencePiece pieces ``"▁Hello"``, ``"▁world"`` pushed one at a time:
+``"Hello"``, then ``" world"`` (its space kept), never ``"world"``.
 
-**LabStopStrings** (``feed(text) -> str``, ``flush() -> str``, ``stopped``). Pieces of text come in;
-what may be sent goes out. Keep the text received but not sent in ``self.pending``; on each
-``feed``, look at ``buf = pending + text``:
+**LabStopStrings** (``feed(text) -> str``, ``flush() -> str``, ``stopped``): pieces of text come in
+(``feed``); what may be sent to the client goes out. Call ``text`` everything fed so far.
 
-* If a stop string occurs in ``buf``, cut where the *earliest-starting* occurrence of any stop
-  string begins (stops may overlap: with stops ``["cd", "bcd"]`` the text ``"abcde"`` is cut to
-  ``"a"``), set ``stopped``, and return ``buf`` up to the cut. The stop string is never sent, nor
-  anything after it; every later ``feed`` returns ``""``.
-* Else hold back the *longest* tail of ``buf`` that is the start (a proper prefix) of some stop
-  string, and return the rest: with the stop ``"</s>"``, ``"Hi </"`` sends ``"Hi "`` and keeps
-  ``"</"``; ``"s>"`` then completes the stop. A stop string can span any number of pieces.
-* ``flush()`` (the sequence ended without a stop) returns the held-back text; ``""`` once stopped.
+* **The cut.** The client gets ``text`` up to where the *earliest-starting* occurrence of any stop
+  string begins (stops may overlap: with stops ``["cd", "bcd"]``, ``"abcde"`` is cut to ``"a"``), and
+  nothing of the stop string or after it. The feed that completes a stop string sets ``stopped``;
+  from then on ``feed`` and ``flush`` return ``""``. A stop string may span any number of pieces.
+* **Hold back no more than needed.** After each feed, everything has been sent except the tail of
+  ``text`` that could still become the start of a stop string, whatever comes next (the longest
+  such tail, over all stop strings).
+* ``flush()`` (the sequence ended without a stop string) returns the text held back.
 * No stop strings: ``feed`` returns its input.
+
+Example, the stop ``"</s>"``: ``feed("Hi </")`` -> ``"Hi "`` (``"</"`` may begin ``"</s>"``);
+``feed("b>")`` -> ``"</b>"`` (it did not); ``feed(" ok </")`` -> ``" ok "``; ``feed("s> more")`` -> ``""``
+and ``stopped``; ``flush()`` -> ``""``.
 
 Pitfalls the grader recognises (its messages name them):
 
-* sending a piece that ends in U+FFFD (an incomplete character), or decoding each token on its own
+* a piece that ends in U+FFFD (an incomplete character sent), or each token decoded on its own
   (broken characters, lost spaces);
-* sending text twice (returning the whole window, or not moving it);
+* text sent twice; text held back although its characters are complete;
+* a push that adds no text (a skipped special token) changing what the next token decodes to (its
+  space lost);
+* ``skip_special_tokens=False`` ignored (special tokens are then text like any other);
 * ``flush`` that drops what was held back (a sequence that ends mid-character, or whose last words
   looked like the start of a stop string, loses its end);
-* no hold-back (``"</"`` leaks to the client before ``"s>"`` arrives), cutting after the stop string
-  instead of before it, looking for the stop only in the new piece (a stop spanning pieces is
-  missed), and the latest match instead of the earliest.
+* no hold-back (``"</"`` leaks to the client before ``"s>"`` arrives), the hold-back of one stop
+  string only, cutting after the stop string instead of before it, a stop string that spans pieces
+  missed, a stop string inside a piece missed because a possible start was held back first, the
+  latest match instead of the earliest, and text sent after the stop.
 
 Grading: ``python -m autograder lab11`` runs both classes on tricky tokenizations (SmolLM2's
 byte-level BPE, a tiny SentencePiece-style tokenizer) and random streams against the reference,
@@ -83,11 +96,11 @@ class LabDetokenizer(Detokenizer):
 
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the text they complete ("" while the last character is incomplete)."""
-        raise NotImplementedError("Lab 11: decode ids[prefix:read] and ids[prefix:]; return the growth unless it ends in U+FFFD")
+        raise NotImplementedError("Lab 11: the text the new tokens complete, held back while a character is incomplete (a hint: python -m autograder lab11 --hint)")
 
     def flush(self) -> str:
         """The sequence ended: return the text still held back, as decoded (U+FFFD included)."""
-        raise NotImplementedError("Lab 11: as push, but return the growth even when it ends in U+FFFD")
+        raise NotImplementedError("Lab 11: the text still held back (a hint: python -m autograder lab11 --hint)")
 
 
 class LabStopStrings(StopStrings):
@@ -99,11 +112,11 @@ class LabStopStrings(StopStrings):
 
     def feed(self, text: str) -> str:
         """Add a piece of text; return what may be sent now."""
-        raise NotImplementedError("Lab 11: buf = pending + text: cut at its earliest stop, else hold back the longest stop start")
+        raise NotImplementedError("Lab 11: the part of the text that may be sent now (a hint: python -m autograder lab11 --hint)")
 
     def flush(self) -> str:
         """The sequence ended without a stop string: the text held back ("" once stopped)."""
-        raise NotImplementedError("Lab 11: return the held-back text (and forget it); nothing once stopped")
+        raise NotImplementedError("Lab 11: the text held back, unless a stop string ended the text (a hint: python -m autograder lab11 --hint)")
 
 
 # what the server runs: python -m minisgl --detokenizer lab11_detokenizer:TEXT_STREAMS

@@ -99,6 +99,21 @@ MUTANTS = [
         why='"</" reaches the client before "s>" shows it was the stop string "</s>"',
     ),
     Mutant(
+        "holds_back_too_much",
+        STEM,
+        (
+            (
+                "        self.pending = buf[len(buf) - hold :]\n",
+                "        hold = min(len(buf), max(len(s) for s in self.stops) - 1)\n"
+                "        self.pending = buf[len(buf) - hold :]\n",
+            ),
+        ),
+        must_fail=("stops_hold_back_a_possible_start", "stops_random_streams"),
+        hint="you held back text that cannot begin any stop string",
+        why="the last len(longest stop) - 1 characters always wait, whether or not they may begin a stop string: "
+        "the client gets its text late",
+    ),
+    Mutant(
         "cuts_after_the_stop",
         STEM,
         ((_FOUND, "        found = [at + len(s) for s, at in ((s, buf.find(s)) for s in self.stops) if at != -1]\n"),),

@@ -329,12 +329,10 @@ MUTANTS += [
         STEM,
         (
             (
-                '    # BEGIN SOLUTION hint="completed vs aborted; duration or the span; throughputs; pooled samples; '
-                'summary() each"\n',
-                '    # BEGIN SOLUTION hint="completed vs aborted; duration or the span; throughputs; pooled samples; '
-                'summary() each"\n'
+                "    completed = [r for r in trace if not r.aborted]\n",
                 "    from minisgl.benchmark import metrics\n\n"
-                "    return metrics.latency_metrics(trace, duration)\n",
+                "    return metrics.latency_metrics(trace, duration)\n"
+                "    completed = [r for r in trace if not r.aborted]\n",
             ),
         ),
         must_fail=("trace_latencies", "trace_random"),

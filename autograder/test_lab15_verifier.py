@@ -6,6 +6,7 @@ against the engine's verifier, the rollback, and the engine with your verifier a
 
 from __future__ import annotations
 
+import math
 import random
 from functools import partial
 
@@ -216,13 +217,14 @@ def test_leading_accepted():
 def test_draw_without():
     """Probabilities that are exact in float32 (multiples of 1/8), uniforms far from every boundary: the
     first i with cdf[i] >= u * cdf[-1], cdf without x."""
-    probs = torch.tensor([[0.125, 0.375, 0.25, 0.25]] * 6 + [[0.25, 0.5, 0.25, 0.0]])
-    x = torch.tensor([1, 1, 0, 3, 3, 2, 1])
-    u = torch.tensor([0.1, 0.5, 0.95, 0.3, 0.99, 0.6, 0.5], dtype=torch.float64)
+    probs = torch.tensor([[0.125, 0.375, 0.25, 0.25]] * 6 + [[0.25, 0.5, 0.25, 0.0]] * 2)
+    x = torch.tensor([1, 1, 0, 3, 3, 2, 1, 1])
+    u = torch.tensor([0.1, 0.5, 0.95, 0.3, 0.99, 0.6, 0.5, 0.5 + 1e-9], dtype=torch.float64)
     # residual rows: [.125, 0, .25, .25] (total .625) twice, [0, .375, .25, .25] (.875), [.125, .375, .25, 0]
     # (.75) twice, [.125, .375, 0, .25] (.75); the last, [.25, 0, .25, 0] (.5) with u * total = .25 = cdf[0]
-    # exactly: the first i with cdf[i] >= .25 is 0 (cdf[i] > .25 would give 2)
-    want = [0, 2, 3, 1, 2, 1, 0]
+    # exactly: the first i with cdf[i] >= .25 is 0 (cdf[i] > .25 would give 2); the same row once more with
+    # u = 0.5 + 1e-9, which float32 rounds to 0.5: token 0 again (in float64, u * total > .25 would give 2)
+    want = [0, 2, 3, 1, 2, 1, 0, 0]
     got = lab.draw_without(probs.clone(), x.clone(), u.clone())
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int64, f"expected int64 tokens, got {got!r:.80}"
     if got.tolist() == want:
@@ -234,8 +236,13 @@ def test_draw_without():
         hint = MISTAKES["not_removed"]
     elif got.tolist() == unscaled.clamp(max=3).tolist():
         hint = MISTAKES["unscaled"]
-    elif got.tolist()[:-1] == want[:-1]:
-        hint = "the last row's u * total is exactly cdf[0]: the first i with cdf[i] >= u * total is 0 (>=, not >)"
+    elif got.tolist()[:-2] == want[:-2] and got.tolist()[-2] == want[-2]:
+        hint = (
+            "u is cast to float32 (the probabilities' dtype) before it is scaled: in the last row u = 0.5 + 1e-9 is "
+            "0.5 in float32, so u * total is exactly cdf[0] = .25 and the token is 0; in float64 it is past it"
+        )
+    elif got.tolist()[:-2] == want[:-2]:
+        hint = "row 6's u * total is exactly cdf[0]: the first i with cdf[i] >= u * total is 0 (>=, not >)"
     raise AssertionError(
         f"draw_without(probs {probs[0].tolist()}, x {x.tolist()}, u {u.tolist()}): expected {want}, got "
         f"{got.tolist()}: {hint}"
@@ -342,10 +349,40 @@ def safe_rows(logits, drafts, info) -> list[int]:
     return out
 
 
+def float64_boundary_rows(want: int = 4):
+    """Sampled rows (one draft, token 0, at step 3) whose p(x) is exactly the float32 rounding of their accept
+    uniform, rounded up: u < p(x) in float64, u == p(x) once u is cast to float32. Found by scanning the
+    float32 logits next to log(f / (1 - f)) through the engine's own filter_logits and softmax.
+    Returns (logits [rows, 2, V], info, [(u, p(x))])."""
+    rows, cases = [], []
+    for seed in range(400):
+        u = float(uniform(torch.tensor([seed ^ ACCEPT_SALT]), torch.tensor([3]))[0])
+        f = float(torch.tensor(u, dtype=torch.float32))
+        if not (f > u and 0.1 < u < 0.9):
+            continue
+        around = (torch.tensor(math.log(f / (1 - f)), dtype=torch.float32).view(torch.int32)
+                  + torch.arange(-2000, 2000, dtype=torch.int32)).view(torch.float32)  # fmt: skip
+        pos0 = torch.full((len(around), V), float("-inf"))
+        pos0[:, 0], pos0[:, 1] = around, 0.0
+        p = filter_logits(pos0, make_info([1.0] * len(around))).softmax(-1)[:, 0]
+        hit = (p == f).nonzero().flatten()
+        if len(hit):
+            rows.append((seed, pos0[int(hit[0])]))
+            cases.append((u, f))
+        if len(rows) == want:
+            break
+    assert len(rows) == want, f"the test's own case: only {len(rows)} float64 boundary rows found"
+    logits = torch.zeros(want, 2, V)
+    logits[:, 0] = torch.stack([r[1] for r in rows])
+    info = make_info([1.0] * want, seeds=[r[0] for r in rows], steps=[3] * want)
+    return logits, info, cases
+
+
 @points(7)
 def test_sampled_accept_test():
     """Sampled rows on 6 tokens: draft x at position j passes iff uniform(seed ^ ACCEPT_SALT, steps + j) <
-    p(x); a draft that top-k removed (p = 0) never passes, the only finite token (p = 1) always does."""
+    p(x); a draft that top-k removed (p = 0) never passes, the only finite token (p = 1) always does; and
+    the comparison is in float64 (rows whose p(x) is the float32 rounding of their uniform: accepted)."""
     stub_first()
     logits, drafts, info, rows = sampled_case(1, 48, 3, V)
     assert len(rows) >= 24, f"the test's own case: only {len(rows)} rows are far from a boundary"
@@ -363,6 +400,21 @@ def test_sampled_accept_test():
     assert accepted[2:].tolist() == [0, 0] and 5 not in tokens[2:, 0].tolist(), (
         f"a draft that top-k removed (probability 0) is never accepted, and the residual never draws it: accepted "
         f"{accepted[2:].tolist()}, tokens at position 0 {tokens[2:, 0].tolist()}"
+    )
+    # the precision: u and p(x) closer than float32 rounds, so only a float64 comparison accepts
+    logits, info, cases = float64_boundary_rows()
+    drafts = torch.zeros(len(cases), 1, dtype=torch.int64)
+    _, want_a = reference(logits, drafts, info)
+    assert want_a.tolist() == [1] * len(cases), f"the test's own case: the reference accepted {want_a.tolist()}"
+    u, p = cases[0]
+    check_verdict(
+        logits,
+        drafts,
+        info,
+        f"{len(cases)} sampled rows whose draft's p(x) is the float32 rounding of the accept uniform",
+        f"the accept test compares in float64: in row 0 u = {u!r} and p(x) = {p!r} (a float32 value) are closer "
+        "than float32 rounds, and u < p(x) holds in float64; a u cast to float32 becomes p(x) and fails u < p(x). "
+        "Compare the float64 uniform with p(x) promoted to float64",
     )
 
 

@@ -19,32 +19,40 @@ derives from, calls or aliases them scores 0); the sampler's ``filter_logits`` a
 Contract (the grader compares each result with the engine's ``DefaultVerifier``; shapes: ``B`` rows,
 ``K`` draft slots, ``V`` tokens; ``k1 = K + 1``):
 
-* ``per_position(info, k1)`` -> the ``SamplingInfo`` of ``B * k1`` rows, row ``r * k1 + j`` being
-  position ``j`` of row ``r``: row ``r``'s temperature, top-k, top-p and seed, and step
-  ``info.steps[r] + j``; ``all_greedy``, ``need_top_k``, ``need_top_p`` as in ``info``.
+* ``per_position``: for ``k1`` positions per row, the ``SamplingInfo`` of ``B * k1`` rows, row
+  ``r * k1 + j`` being position ``j`` of row ``r``: row ``r``'s temperature, top-k, top-p and seed, and
+  the step of that position (row ``r``'s step plus ``j``: each position draws its own number);
+  ``all_greedy``, ``need_top_k``, ``need_top_p`` as in ``info``. Example: two rows of steps ``[4, 9]``,
+  ``k1 = 3`` -> steps ``[4, 5, 6, 9, 10, 11]``, the other fields each row's three times.
 * ``leading_accepted(accept)``: ``[B, K]`` bool -> ``[B]`` int64, how many *leading* entries of each
   row are True (a True after a False does not count).
 * ``draw_without(probs, x, u)``: ``probs`` ``[N, V]`` (float32 probabilities), ``x`` ``[N]`` int64,
   ``u`` ``[N]`` float64 in (0, 1) -> ``[N]`` int64: a draw from ``probs`` with token ``x`` removed and
-  renormalised. The rule (so the grader can check each draw): ``cdf`` = cumulative sum of ``probs``
-  with ``probs[x]`` set to 0, and the token is the first ``i`` with ``cdf[i] >= u * cdf[-1]``
-  (``u`` cast to float32); clamp to ``V - 1``. A row where ``x`` holds all the mass has a residual of
-  zeros: the rule gives token 0 (never a NaN from dividing by a total of 0).
+  renormalised. The rule (so the grader can check each draw): over the cumulative sum of ``probs``
+  with ``probs[x]`` set to 0, the token is the first ``i`` whose cumulative sum reaches ``u`` times
+  the residual's total (``>=``), with ``u`` cast to float32 (the probabilities' dtype) before it is
+  scaled; at most ``V - 1``. A row where ``x`` holds all the mass has a residual of zeros: the rule
+  gives token 0 (never a NaN from dividing by a total of 0). Example: probs ``[0.25, 0.5, 0.25, 0]``,
+  ``x = 1``, ``u = 0.5`` -> 0 (the residual's total is 0.5, and 0.25 reaches 0.5 x 0.5); ``u = 0.5 +
+  1e-9`` -> 0 as well (0.5 in float32).
 * ``LabVerifier.verify(logits, drafts, info, sampler)`` -> ``Verdict(tokens [B, k1], accepted [B])``:
 
-  - ``plain`` = ``sampler.sample`` on all ``B * k1`` positions with ``per_position(info, k1)``: the
-    plain engine's token at every position (the argmax of a greedy row);
+  - ``plain``: what ``sampler.sample`` draws at every one of the ``B * k1`` positions with its own
+    parameters (``per_position``): the plain engine's token there (the argmax of a greedy row);
   - a draft of ``-1`` (padding) is never accepted;
   - greedy rows (``info.temperatures[r] == 0``, each row its own): draft ``j`` passes iff it equals
     ``plain[r, j]``;
-  - sampled rows: ``p`` = ``softmax(filter_logits(logits.float(), ...))`` at each position (float32);
-    draft ``x`` at position ``j`` passes iff ``uniform(seed ^ ACCEPT_SALT, step) < p(x)`` (the salted
-    stream, compared in float64; ``step = steps[r] + j``);
+  - sampled rows: ``p`` is the softmax of the filtered logits (``filter_logits`` of the logits in
+    float32) at each position, in float32; draft ``x`` at position ``j`` passes iff the accept
+    uniform of that position (the salted stream: ``uniform`` of ``seed ^ ACCEPT_SALT`` and the
+    position's step) is below ``p(x)``, compared in float64 (``p(x)`` promoted: where ``p(x)`` is the
+    float32 rounding of the uniform, the draft passes);
   - ``accepted[r]`` = ``leading_accepted`` of the passes; ``tokens[r, j] = drafts[r, j]`` for
     ``j < accepted[r]``;
-  - ``tokens[r, accepted[r]]``: at a rejected draft ``x`` of a sampled row, ``draw_without(p, x, u)``
-    with ``u = uniform(seed, step)`` (the plain draw's own number); at a rejected draft of a greedy
-    row, and where the row has no draft left (the bonus: every draft accepted, or padding), ``plain``;
+  - the token after the accepted drafts: at a rejected draft ``x`` of a sampled row, the residual draw
+    (``draw_without``) with the plain draw's own uniform of that position (the unsalted stream); at a
+    rejected draft of a greedy row, and where the row has no draft left (the bonus: every draft
+    accepted, or padding), ``plain``;
   - no host synchronisation: no ``.item()``, ``.tolist()``, ``bool(tensor)``, ``nonzero`` (the
     verifier runs inside the engine's launch, like the sampler). ``info.all_greedy`` is a Python bool
     you may branch on.
@@ -66,10 +74,11 @@ Pitfalls the grader recognises (its messages name them):
   residual drawn where no draft is left (that position is the plain draw);
 * per-position parameters: every position given the row's own step (every position then draws the
   same number); rows laid out position-major (``repeat`` for ``repeat_interleave``);
-* sampled rows: the accept test on the plain stream ``uniform(seed, step)`` instead of the salted
-  one (accept and draw correlated); the residual drawn from ``p`` without removing ``x``, or ``u`` not
-  scaled by the residual's total (it is ``1 - p(x)``, not 1); greedy rows judged by ``all_greedy``
-  of the batch instead of their own temperature;
+* sampled rows: the accept test on the plain stream instead of the salted one (accept and draw
+  correlated), or in float32 (a draft whose ``p(x)`` is the float32 rounding of its uniform rejected);
+  the residual drawn from ``p`` without removing ``x``, ``u`` not scaled by the residual's total (it
+  is ``1 - p(x)``, not 1), or scaled in float64; greedy rows judged by ``all_greedy`` of the batch
+  instead of their own temperature;
 * the rollback: not done (the counters stay at ``n + drafted``), the correction counted as cached,
   or the bonus counted twice in ``device_len``.
 
@@ -96,7 +105,7 @@ ACCEPT_SALT = 1 << 62
 
 def per_position(info: SamplingInfo, k1: int) -> SamplingInfo:
     """``B * k1`` rows: row ``r * k1 + j`` has row ``r``'s parameters and step ``info.steps[r] + j``."""
-    # BEGIN SOLUTION hint="repeat_interleave each per-row tensor k1 times; steps[r] + j for j in range(k1)"
+    # BEGIN SOLUTION what="the sampling parameters of every position of every row, row-major" hint="repeat_interleave each per-row tensor k1 times; steps[r] + j for j in range(k1)"
     offsets = torch.arange(k1, device=info.steps.device)
     return SamplingInfo(
         temperatures=info.temperatures.repeat_interleave(k1),
@@ -113,7 +122,7 @@ def per_position(info: SamplingInfo, k1: int) -> SamplingInfo:
 
 def leading_accepted(accept: torch.Tensor) -> torch.Tensor:
     """``[B, K]`` bool -> ``[B]`` int64: the length of each row's leading run of True."""
-    # BEGIN SOLUTION hint="a running product of the row (cumprod over int64) stays 1 until the first False"
+    # BEGIN SOLUTION what="the length of each row's leading run of True" hint="a running product of the row (cumprod over int64) stays 1 until the first False"
     return torch.cumprod(accept.long(), dim=1).sum(dim=1)
     # END SOLUTION
 
@@ -121,7 +130,7 @@ def leading_accepted(accept: torch.Tensor) -> torch.Tensor:
 def draw_without(probs: torch.Tensor, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The first ``i`` with ``cdf[i] >= u * cdf[-1]``, ``cdf`` the cumulative sum of ``probs`` with
     column ``x`` zeroed (per row); clamped to ``V - 1``; int64."""
-    # BEGIN SOLUTION hint="zero column x of each row (scatter), cumsum, searchsorted u * the row's total"
+    # BEGIN SOLUTION what="one draw per row from probs without token x, by the docstring's rule" hint="zero column x of each row (scatter), cumsum, searchsorted of u (as float32) times the row's total"
     residual = probs.scatter(1, x[:, None], 0.0)
     cdf = residual.cumsum(dim=1)
     target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
@@ -133,7 +142,7 @@ class LabVerifier(Verifier):
     """The rule of ``Verifier`` (``minisgl/speculative/base.py``) for a batch; see the module docstring."""
 
     def verify(self, logits: torch.Tensor, drafts: torch.Tensor, info: SamplingInfo, sampler: Sampler) -> Verdict:
-        # BEGIN SOLUTION hint="plain draws; which drafts pass; their leading run; the correction or bonus"
+        # BEGIN SOLUTION what="the verdict: how many drafts each row accepts, and the tokens it outputs" hint="the plain draws at every position; which drafts pass (greedy: equal to the plain draw; sampled: the salted uniform below p(x)); their leading run; the correction (residual draw or plain) or the bonus"
         b, k1, vocab = logits.shape
         k = k1 - 1
         flat = per_position(info, k1)
@@ -160,7 +169,7 @@ class LabVerifier(Verifier):
         # END SOLUTION
 
     def rollback(self, n: int, drafted: int, accepted: int) -> Rollback:
-        # BEGIN SOLUTION hint="check n >= 1 and 0 <= accepted <= drafted, each alone; then the counters"
+        # BEGIN SOLUTION what="the request's counters after the step, and the checks of n and accepted" hint="ValueError unless n >= 1, accepted >= 0, accepted <= drafted, each alone; then (n + accepted, n + accepted + 1)"
         if n < 1:
             raise ValueError(f"n = {n}: a request has at least one token before a step")
         if accepted < 0:

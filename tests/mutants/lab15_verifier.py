@@ -32,6 +32,33 @@ _IS_GREEDY = "            is_greedy = (info.temperatures == 0)[:, None]\n"
 
 MUTANTS = [
     Mutant(
+        "accept_test_in_float32",
+        STEM,
+        (
+            (
+                "            lucky = uniform(seeds ^ ACCEPT_SALT, steps) < p_x.double()\n",
+                "            lucky = uniform(seeds ^ ACCEPT_SALT, steps).float() < p_x\n",
+            ),
+        ),
+        must_fail=("sampled_accept_test",),
+        hint="the accept test compares in float64",
+        why="the uniform rounded to float32 before the comparison: where p(x) is that rounding, a draft the "
+        "engine accepts is rejected (once a precision the contract stated and no test pinned)",
+    ),
+    Mutant(
+        "residual_target_in_float64",
+        STEM,
+        (
+            (
+                "    target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]\n    return torch.searchsorted(cdf, target)",
+                "    target = u[:, None] * cdf[:, -1:].double()\n    return torch.searchsorted(cdf.double(), target)",
+            ),
+        ),
+        must_fail=("draw_without",),
+        hint="u is cast to float32",
+        why="u scaled in float64: where float32 rounds u * total onto a CDF value, the draw is the next token",
+    ),
+    Mutant(
         "rejected_draft_emitted",
         STEM,
         ((_KEPT, _KEPT.replace("< accepted", "<= accepted")),),

@@ -97,6 +97,17 @@ def expect_insert(cache, tokens: list[int], indices: torch.Tensor, want: int, wh
     )
 
 
+def expect_nothing_freed(cache, n: int) -> None:
+    try:
+        freed = cache.evict(n)
+    except Exception as e:
+        raise AssertionError(
+            f"evict({n}) raised {type(e).__name__}: {e}; evict({n}) must free nothing (n <= 0 frees nothing, and "
+            "returns an empty int64 tensor)"
+        ) from None
+    assert len(freed) == 0, f"evict({n}) freed {as_list(freed)}: evict({n}) must free nothing (n <= 0 frees nothing)"
+
+
 # ---- fixed cases ------------------------------------------------------------------------------------
 @points(2)
 def test_empty_cache():
@@ -104,7 +115,7 @@ def test_empty_cache():
     cache = lab.make_cache(1)
     expect_match(cache, [1, 2, 3], 0, [], "the cache is empty")
     expect_sizes(cache, 0, 0, "creating the cache")
-    assert len(cache.evict(0)) == 0, "evict(0) must free nothing"
+    expect_nothing_freed(cache, 0)
     cache.check_integrity()
 
 
@@ -205,7 +216,14 @@ def test_page_alignment():
         "its first page [1, 2, 9, 9] is not cached: children are indexed by their first page, not their first token",
     )
     expect_match(cache, [1, 2, 9, 9, 9, 9, 9, 9], 8, list(range(200, 208)), "the sibling is cached on its own")
-    expect_match(cache, list(range(1, 9)), 8, list(range(100, 108)), "the first sequence is untouched")
+    expect_match(
+        cache,
+        list(range(1, 9)),
+        8,
+        list(range(100, 108)),
+        "the first sequence is untouched: children are indexed by their first page, not their first token, so a "
+        "sibling that shares only its first token is filed beside it",
+    )
     expect_sizes(cache, 16, 0, "inserting both sequences")
     cache.check_integrity()
     # page_size 3, not a power of two: 10 tokens are 3 whole pages (9 tokens)
@@ -252,22 +270,49 @@ def test_lock_unlock_refcounts():
             "unlock() of a prefix that is not locked any more must raise RuntimeError: a ref must never go "
             "below zero (unlocking more often than locking is the caller's bug, and must not pass silently)"
         )
+    # the handle of an empty match (the root) is never counted: its lock and unlock change nothing
+    empty = cache.match_prefix([9, 9])
+    assert empty.length == 0, f"match_prefix([9, 9]) returned length {empty.length}, expected 0"
+    try:
+        cache.lock(empty.handle)
+        expect_sizes(cache, 6, 0, "locking the handle of an empty match (nothing to protect)")
+        cache.unlock(empty.handle)
+    except RuntimeError as e:
+        raise AssertionError(
+            f"lock() then unlock() of an empty match's handle raised RuntimeError ({e}): the root is never counted, "
+            "so locking and unlocking it change nothing and never raise (the engine does this for every request "
+            "with no cached prefix)"
+        ) from None
+    expect_sizes(cache, 6, 0, "locking and unlocking the handle of an empty match")
+    cache.check_integrity()
+
+
+def expect_freed(cache, n: int, want: list[int], why: str) -> None:
+    freed = cache.evict(n)
+    assert isinstance(freed, torch.Tensor) and freed.dtype == torch.int64, (
+        f"evict({n}) returned {type(freed).__name__} {getattr(freed, 'dtype', '')}: it returns the freed slots as an "
+        "int64 tensor (the caller hands them to the allocator)"
+    )
+    got = sorted(freed.tolist())
+    assert got, f"evict({n}) freed nothing, but must free at least {n} slots"
+    assert got == want, (
+        f"evict({n}) freed {got}, expected {want}: {why}; evict the oldest last_access first{view_hint(got)}"
+    )
 
 
 @points(8)
 def test_evict_lru_order():
-    """evict frees the least recently used leaf first; a match makes a sequence recent again."""
+    """evict frees the least recently used leaf first; a match makes a sequence recent again, and a leaf that
+    insert adds is more recent than the ones before it."""
     cache = lab.make_cache(1)
-    cache.insert([1, 1, 1], slots(0, 3))
     cache.insert([2, 2, 2], slots(10, 3))
+    cache.insert([1, 1, 1], slots(0, 3))
     cache.insert([3, 3, 3], slots(20, 3))
-    cache.match_prefix([1, 1, 1])  # [1 1 1] is now the most recently used
-    order = [sorted(as_list(cache.evict(3))) for _ in range(3)]
-    assert all(order), f"three evict(3) calls freed {order}: evict(n) freed nothing, but must free at least n slots"
-    assert order == [[10, 11, 12], [20, 21, 22], [0, 1, 2]], (
-        f"three evict(3) calls freed {order}; expected [2 2 2]'s slots, then [3 3 3]'s, then [1 1 1]'s: "
-        "evict the oldest last_access first, and remember that match_prefix refreshes it"
-    )
+    cache.match_prefix([2, 2, 2])  # [2 2 2] is now the most recently used
+    order = "inserted [2 2 2], [1 1 1], [3 3 3] in that order, then matched [2 2 2]"
+    expect_freed(cache, 3, [0, 1, 2], f"{order}: [1 1 1] is the least recently used (a new leaf is the most recent)")
+    expect_freed(cache, 3, [20, 21, 22], f"{order}: [3 3 3] comes next (match_prefix refreshed [2 2 2])")
+    expect_freed(cache, 3, [10, 11, 12], f"{order}: [2 2 2] goes last")
     expect_sizes(cache, 0, 0, "evicting everything")
     expect_match(cache, [1, 1, 1], 0, [], "everything was evicted")
     cache.check_integrity()
@@ -301,6 +346,9 @@ def test_evict_respects_locks():
         pytest.fail("evict(1) with nothing evictable must raise ValueError (the caller asked for the impossible)")
     expect_match(cache, [1, 2, 3], 3, [0, 1, 2], "a locked entry must survive eviction")
     cache.unlock(m.handle)
+    for n in (0, -1):  # n <= 0 frees nothing, even with 3 slots evictable
+        expect_nothing_freed(cache, n)
+    expect_sizes(cache, 3, 0, "unlocking [1 2 3], then evict(0) and evict(-1)")
     cache.check_integrity()
 
 
@@ -443,7 +491,10 @@ def _run_ops(page_size: int, ops: list) -> None:
             n = min(arg, ref.evictable_size)
             want = sorted(as_list(ref.evict(n)))
             log.append(f"  evict({n}) -> {len(want)} slots")
-            got = sorted(as_list(mine.evict(n)))
+            freed = mine.evict(n)
+            if not (isinstance(freed, torch.Tensor) and freed.dtype == torch.int64):
+                fail(f"evict({n}) returned {type(freed).__name__}: it returns the freed slots as an int64 tensor")
+            got = sorted(as_list(freed))
             if got != want:
                 fail(
                     f"evict({n}) freed slots {got}, expected {want} (least recently used unlocked leaves first)"

@@ -1,60 +1,78 @@
 """Lab 06: a radix prefix cache.
 
-You implement ``RadixCache``, a ``PrefixCache`` (read ``minisgl/kvcache/base.py`` first: it is the
-interface the scheduler calls). Write it here: the engine's own radix cache is off limits (a lab
-that derives from, calls or aliases it scores 0). The cache is a compressed trie over token ids;
-each node's ``key`` is a run of tokens and its ``value`` the KV slots of exactly those tokens::
+You implement ``RadixCache``, a ``PrefixCache`` (``minisgl/kvcache/base.py`` is the interface the scheduler
+calls: read it first). Write it here: the engine's own radix cache is off limits (a lab that derives from,
+calls or aliases it scores 0). The cache is a compressed trie over token ids: each node's ``key`` is a run of
+tokens and its ``value`` the KV slots of exactly those tokens (int64, as long as the key)::
 
-    root ─ [1 2 3 4] ─┬─ [5 6]          match_prefix([1 2 3 4 5 6 9]) -> length 6
-                      └─ [7 8 9]        match_prefix([1 2 7])         -> length 3 (split [7 8 9])
+    root ─ [1 2 3 4] ─┬─ [5 6]          match_prefix([1 2 3 4 5 6 9]) -> length 6, slots of [1..6]
+                      └─ [7 8 9]        match_prefix([1 2 7])         -> length 3: [7 8 9] splits
+
+The helpers below the class line (``Node``, ``shared_len``, ``child_key``, ``touch``, ``nodes``,
+``check_integrity``) are given; the methods that raise ``NotImplementedError`` are yours, in the design you
+choose for them (``split`` and ``walk`` are the pieces the given signatures suggest).
 
 Contract, beyond ``base.py`` (the grader compares every result with the engine's cache):
 
-* **Pages.** With ``page_size > 1`` (any size, not only powers of two) only whole pages are
-  cached: token lists are cut to ``aligned(len)``, keys and matched lengths are multiples of
-  ``page_size``, and a node's children are indexed by their first *page* (``child_key``), not
-  their first token.
-* **Split on match.** When a match (in ``match_prefix`` or ``insert``) ends inside a node's key,
-  split that node so the match ends exactly at a node: the upper part keeps the first ``n`` tokens
-  and inherits the node's ``ref`` and ``last_access``. The returned handle is that node, so a lock
-  protects only the matched tokens.
-* **Locks.** ``lock(handle)`` adds one to ``ref`` of the handle's node and every ancestor below the
-  root; ``unlock`` undoes it and raises ``RuntimeError`` when a ``ref`` would go below zero. A
-  node with ``ref > 0`` is protected, one with ``ref == 0`` evictable; keep ``num_evictable`` and
-  ``num_protected`` (slot counts) up to date as nodes move between the two (each node when its
-  own ``ref`` goes 0 -> 1 or 1 -> 0).
-* **LRU clock.** ``match_prefix`` and ``insert`` stamp every node on the path from the deepest
-  node they reached up to the root with a fresh clock value (``touch``); ``insert`` then stamps
-  the new leaf with another fresh value.
-* **Ownership.** ``insert`` keeps its own copy of the slots it takes: the caller goes on using the
-  tensor it passed (the engine reuses a request's page-table row), so a slice of it would change.
-* **Eviction.** ``evict(n)`` removes unlocked leaves, oldest ``last_access`` first; a parent
-  left with no children and ``ref == 0`` becomes a candidate too (ordered by its own
-  ``last_access`` among the others). Stop as soon as at least ``n`` slots are freed and return the
-  freed slots (int64). ``n <= 0`` frees nothing; ``n`` larger than ``num_evictable`` raises
-  ``ValueError`` (``n == num_evictable`` frees everything).
+* **Pages.** With ``page_size > 1`` (any size, not only a power of two) only whole pages are cached: token
+  lists count only up to ``aligned(len)``, keys and matched lengths are whole pages, and the children of a
+  node are told apart by their first *page* (``child_key``), not their first token.
+* **Match.** ``match_prefix(ids)`` returns the longest cached prefix of ``ids`` (whole pages): its length,
+  the slots on the path (an empty int64 tensor when nothing matched) and a handle for ``lock``. When the
+  match ends inside a node's key, that node is split so that the match ends exactly at a node, and the
+  handle is that node: a lock then protects only the matched tokens. The upper part of a split keeps the
+  locks of the node it came from (every lock on the node covered both parts). ``insert`` splits the same way.
+* **Insert.** ``insert(ids, indices)`` returns the length of the prefix that was already cached (the caller
+  frees those duplicate slots); the new tokens' slots become the cache's, as a copy: the caller goes on
+  using the tensor it passed (the engine reuses a request's page-table row).
+* **Locks.** ``lock(handle)`` protects the handle's node and every ancestor; locks are counted, and
+  ``unlock`` undoes one. Unlocking a node that no lock holds raises ``RuntimeError``. The root (the handle
+  of an empty match) is never counted: locking and unlocking it change nothing and never raise.
+  ``evictable_size`` and ``protected_size`` count the slots of unlocked and locked nodes; they are kept up
+  to date as each node changes side.
+* **LRU clock.** ``match_prefix`` and ``insert`` make every node on the path they walked the most recently
+  used (``touch``), and a node ``insert`` adds is more recent still.
+* **Eviction.** ``evict(n)`` frees unlocked leaves, least recently used first; a parent left with no
+  children and no lock becomes a leaf like any other (ordered by its own last use). It stops as soon as at
+  least ``n`` slots are freed and returns them (int64). ``n <= 0`` frees nothing; ``n`` larger than
+  ``evictable_size`` raises ``ValueError`` (``n`` equal to it frees everything evictable).
 
-Pitfalls the grader recognises (its messages name them):
+Worked examples (each is a visible test):
 
-* pages: a matched length that is not a whole number of pages (round the shared length down with
-  ``aligned``); the unaligned tail of ``insert``'s tokens kept; a bit mask that rounds to a page
-  only when ``page_size`` is a power of two;
-* ownership: a slice (a view) of the caller's ``indices`` kept instead of a copy;
-* splits: a match ending inside a node that does not split it (a lock would then protect the whole
-  node); an upper part that does not inherit ``ref`` (a lock taken before the split then covers
-  only the lower part, and its ``unlock`` finds a ``ref`` of 0);
-* locks: only the handle's node locked (every ancestor must be pinned too); ``unlock`` that lets a
-  ``ref`` go below zero instead of raising ``RuntimeError``;
-* ``insert`` returning the number of new tokens (or the whole length) instead of the length of the
-  prefix that was already cached (the caller frees exactly those duplicate slots);
-* eviction: the most recently used leaf first instead of the least; a locked leaf evicted; a parent
-  left with no children (and no lock) not becoming a candidate, so ``evict`` stops short or
-  fails, or becoming one out of LRU order; ``n == num_evictable`` refused; nothing freed at all.
+* One token per page: ``insert([1..6], slots 0..5)`` returns 0; then ``insert([1, 2, 3, 7, 8], slots 20..24)``
+  returns 3 (``[1 2 3]`` was cached: the caller frees 20..22) and the cache keeps 23 and 24;
+  ``match_prefix([1, 2, 3, 7, 8])`` -> length 5, slots ``[0, 1, 2, 23, 24]``; sizes (evictable,
+  protected) = (8, 0).
+* Split under a lock: 8 tokens cached; ``match_prefix([1, 2, 3, 4, 99])`` -> length 4; locking it gives
+  sizes (4, 4), and ``evict(4)`` frees slots 4..7, the unlocked lower half.
+* Locks count: lock ``[1..6]`` then ``[1..4]`` -> (0, 6); unlock ``[1..6]`` -> (2, 4); unlock ``[1..4]``
+  -> (6, 0); one more unlock of ``[1..4]`` -> ``RuntimeError``. Locking the handle of an empty match
+  changes nothing.
+* LRU: ``[2 2 2]`` inserted, then ``[1 1 1]``, then ``[3 3 3]``, then ``match_prefix([2 2 2])`` ->
+  ``evict(3)`` three times frees ``[1 1 1]``'s slots, then ``[3 3 3]``'s, then ``[2 2 2]``'s.
+* Parents: ``[1..4]`` and ``[1..6]`` cached -> ``evict(6)`` frees the leaf ``[5 6]`` and then its parent
+  ``[1..4]``, before a newer ``[7 7 7]``.
+* Pages of 4: ``insert`` of 10 tokens keeps 8; a query that shares 7 tokens matches 4. Pages of 3: 10 tokens
+  keep 9.
 
-Grading: ``python -m autograder lab06`` runs fixed cases and random operation sequences (page
-sizes 1 to 4; the caller overwrites the tensor it passed to ``insert``) against the engine's
-cache, then runs the engine with ``cache_type=<your cache>`` at page sizes 1 and 4 and checks the
-generated tokens and the cache hits equal the reference.
+Pitfalls the grader recognises by their effect (its messages name them):
+
+* pages: a matched or kept length that is not a whole number of pages; a partial last page kept; a bit mask
+  that rounds to a page only when ``page_size`` is a power of two; siblings told apart by their first token;
+* ownership: the cached slots change when the caller reuses its tensor (a view kept, not a copy);
+* splits: a lock that protects a whole node although the match ended inside it; a lock taken before a split
+  that then covers only the lower part (its ``unlock`` finds nothing to undo);
+* locks: an ancestor left unprotected; an unlock too many that passes silently; an empty match that cannot
+  be unlocked; a node counted twice when a second lock reaches it;
+* ``insert`` returning the number of new tokens (or the whole length) instead of the cached prefix;
+* eviction: the most recently used leaf first; a just-inserted leaf taken for the oldest; a locked leaf
+  evicted; a parent left with no children never evicted, or evicted out of LRU order; ``n`` equal to
+  ``evictable_size`` refused; nothing freed at all; the freed slots not an int64 tensor.
+
+Grading: ``python -m autograder lab06`` runs fixed cases and random operation sequences (page sizes 1 to 4;
+the caller overwrites the tensor it passed to ``insert``) against the engine's cache, then runs the engine
+with ``cache_type=<your cache>`` at page sizes 1 and 4 and checks the generated tokens and the cache hits
+equal the reference.
 """
 
 from __future__ import annotations
@@ -114,31 +132,30 @@ class RadixCache(PrefixCache):
         """Cut ``node`` after its first ``n`` tokens (``0 < n < len(node.key)``, a multiple of
         ``page_size``). Insert a new node for the first part between ``node`` and its parent and
         return it; ``node`` keeps the rest. The new node inherits ``ref`` and ``last_access``."""
-        raise NotImplementedError("Lab 06: make Node(key[:n], value[:n]) the parent's child, and node (key[n:]) its only child")
+        raise NotImplementedError("Lab 06: the split of a node after its first n tokens (a hint: python -m autograder lab06 --hint)")
 
     def walk(self, token_ids: list[int]) -> tuple[Node, int, list[torch.Tensor]]:
         """Follow ``token_ids[:aligned(len)]`` down from the root, splitting the last node when the
         match ends inside it. Return the deepest node reached (the root if nothing matched), the
         matched length and the ``value`` of every node on the way; ``touch`` the deepest node."""
-        raise NotImplementedError("Lab 06: follow children[child_key(ids, pos)] from the root; split() where a match stops mid-key")
+        raise NotImplementedError("Lab 06: the walk down the tree along the token ids (a hint: python -m autograder lab06 --hint)")
 
     def match_prefix(self, token_ids: list[int]) -> MatchResult:
-        node, length, values = self.walk(token_ids)
-        return MatchResult(length, torch.cat(values) if values else _EMPTY, node)
+        raise NotImplementedError("Lab 06: the longest cached prefix of token_ids: its length, its slots and its handle (a hint: python -m autograder lab06 --hint)")
 
     # ---- reference counts --------------------------------------------------------------------
     def lock(self, handle: Any) -> None:
-        raise NotImplementedError("Lab 06: ref += 1 from the handle up to the root; a node going 0 -> 1 becomes protected")
+        raise NotImplementedError("Lab 06: a lock on the handle's path (a hint: python -m autograder lab06 --hint)")
 
     def unlock(self, handle: Any) -> None:
-        raise NotImplementedError("Lab 06: the mirror of lock(): ref -= 1 up to the root; RuntimeError if a ref is already 0")
+        raise NotImplementedError("Lab 06: giving one lock on the handle's path back (a hint: python -m autograder lab06 --hint)")
 
     # ---- insert / evict ----------------------------------------------------------------------
     def insert(self, token_ids: list[int], indices: torch.Tensor) -> int:
-        raise NotImplementedError("Lab 06: walk() the ids, hang a leaf with indices[pos:end] under the node reached, return pos")
+        raise NotImplementedError("Lab 06: insert: keep the new whole pages, return the length already cached (a hint: python -m autograder lab06 --hint)")
 
     def evict(self, n: int) -> torch.Tensor:
-        raise NotImplementedError("Lab 06: remove unlocked leaves, oldest last_access first, until n slots are freed")
+        raise NotImplementedError("Lab 06: eviction of unlocked leaves, least recently used first (a hint: python -m autograder lab06 --hint)")
 
     # ---- sizes and checks --------------------------------------------------------------------
     @property
@@ -167,10 +184,10 @@ class RadixCache(PrefixCache):
             assert node.parent.children.get(self.child_key(node.key, 0)) is node, "a node's parent does not index it"
             assert node.ref >= 0, "negative reference count"
             assert node.parent is self.root or node.parent.ref >= node.ref, "a child is locked more than its parent"
-            if node.ref == 0:
-                evictable += len(node.value)
-            else:
+            if node.ref:
                 protected += len(node.value)
+            else:
+                evictable += len(node.value)
             slots.append(node.value)
         assert evictable == self.num_evictable, f"num_evictable is {self.num_evictable}, the tree holds {evictable}"
         assert protected == self.num_protected, f"num_protected is {self.num_protected}, the tree holds {protected}"

@@ -101,7 +101,7 @@ def test_student_edits_survive_the_check_and_the_generator(repo):
 
 def test_check_fails_when_a_solution_changes_without_regenerating(repo):
     solution = repo / "solutions" / "lab06_radix_cache.py"
-    solution.write_text(solution.read_text().replace('hint="remove unlocked leaves', 'hint="evict unlocked leaves', 1))
+    solution.write_text(solution.read_text().replace('what="eviction of unlocked', 'what="evict unlocked', 1))
     check = run(repo, "-m", "autograder.generate", "--check")
     assert check.returncode == 1, check.stdout
     assert "solutions/lab06_radix_cache.py changed since labs/lab06_radix_cache.py was generated" in check.stdout

@@ -288,6 +288,74 @@ MUTANTS += [
     ),
 ]
 
+MUTANTS += [
+    Mutant(
+        "unlock_checks_the_handle_first",
+        STEM,
+        (
+            (
+                "        node = handle\n        while node is not None and node is not self.root:\n"
+                "            if node.ref == 0:\n                raise RuntimeError",
+                "        if handle.ref == 0:\n"
+                '            raise RuntimeError("unlock() of a handle that is not locked")\n'
+                "        node = handle\n        while node is not None and node is not self.root:\n"
+                "            if node.ref == 0:\n                raise RuntimeError",
+            ),
+        ),
+        must_fail=("lock_unlock_refcounts", "random_operations_match_reference"),
+        hint="the root is never counted",
+        why="unlock() refuses a handle whose ref is 0 before it walks: the root (an empty match's handle, never "
+        "counted) cannot be unlocked, and the engine unlocks one for every request with no cached prefix",
+    ),
+    Mutant(
+        "insert_leaf_not_stamped",
+        STEM,
+        (
+            (
+                "            self.num_evictable += end - pos\n            self.touch(leaf)\n",
+                "            self.num_evictable += end - pos\n",
+            ),
+        ),
+        must_fail=("evict_lru_order", "random_operations_match_reference"),
+        hint="a new leaf is the most recent",
+        why="a leaf insert adds keeps last_access 0: the newest entry looks like the oldest and is evicted first",
+    ),
+    Mutant(
+        "evict_returns_a_list",
+        STEM,
+        (("        return torch.cat(freed)\n", "        return torch.cat(freed).tolist()\n"),),
+        must_fail=("evict_lru_order", "random_operations_match_reference"),
+        hint="int64 tensor",
+        why="evict returns a Python list: the allocator the engine hands it to takes a tensor",
+    ),
+    Mutant(
+        "evict_zero_not_special",
+        STEM,
+        (("        if n <= 0:\n            return _EMPTY\n", "        if n < 0:\n            return _EMPTY\n"),),
+        must_fail=("empty_cache", "random_operations_match_reference"),
+        hint="evict(0) must free nothing",
+        why="< for <=: evict(0) runs the eviction loop, which frees nothing and then fails to return it",
+        kind="boundary",
+    ),
+    Mutant(
+        "children_by_first_token",
+        STEM,
+        (
+            ("        return tuple(ids[pos : pos + self.page_size])\n", "        return tuple(ids[pos : pos + 1])\n"),
+            (
+                "            n = self.aligned(shared_len(child.key, token_ids[pos:end]))\n",
+                "            n = self.aligned(shared_len(child.key, token_ids[pos:end]))\n"
+                "            if n == 0:  # the first token agrees, not the whole first page\n"
+                "                break\n",
+            ),
+        ),
+        must_fail=("page_alignment", "random_operations_match_reference"),
+        hint="children are indexed by their first page, not their first token",
+        why="siblings told apart by their first token: with pages of several tokens a sibling that shares only "
+        "its first token replaces the other",
+    ),
+]
+
 # correct, written the other ways a student may: it must keep every point
 EQUIVALENT = Mutant(
     "lab06_written_differently",

@@ -295,6 +295,13 @@ def expect_partial(c: Case, splits: int, why: str, spare: int = 5) -> None:
         raise AssertionError(
             f"{why}: decode returned a new tensor; with out given it writes out in place and returns it"
         )
+    if splits == 1:
+        if not (bool(torch.isnan(part).all()) and bool(torch.isnan(lse).all())):
+            raise AssertionError(
+                f"{why}: with splits == 1 nothing but out is written: decode wrote into the partial buffers it was "
+                f"given (one part is the whole attention: no merge)\n  the case: {c.what}"
+            )
+        return
     check_partial(c, splits, part, lse, why)
 
 
@@ -417,10 +424,11 @@ def test_merge_with_large_lse():
 def test_partial_buffers():
     """decode with given partial buffers (more rows than needed, filled with NaN) and a given ``out``: the
     entries ``(b * H + h) * splits + i``, each part's own attention and natural-log lse, ``-inf`` for the
-    empty parts (a request of 2 keys in 5 parts), nothing written past ``B * H * splits`` rows."""
+    empty parts (a request of 2 keys in 5 parts), nothing written past ``B * H * splits`` rows; with one part,
+    nothing written into them at all."""
     c = make_case([2, 37, 70, 9], heads=(4, 2), page=4, seed=10)
-    for splits in (3, 5):
-        expect_partial(c, splits, f"{splits} parts, partial buffers given")
+    for splits in (3, 5, 1):
+        expect_partial(c, splits, f"{splits} part(s), partial buffers given")
 
 
 # ---- decode: the fixed cases --------------------------------------------------------------------------
@@ -543,7 +551,8 @@ def expect_accepted(c: Case, what: str, hint: str, splits: int, out=None, partia
 @points(4)
 def test_rejects_wrong_inputs():
     """TypeError for each wrong dtype and ValueError for each wrong shape or stride the contract lists, one
-    argument wrong at a time (k_slots and v_slots each on their own; out compared dimension by dimension)."""
+    argument wrong at a time (k_slots and v_slots each on their own; out compared dimension by dimension), for
+    decode and for merge."""
     lab.decode(*_valid().args(1))  # a stub fails here, with its own message
     c = _valid()
     B, H, D = c.q.shape
@@ -586,12 +595,49 @@ def test_rejects_wrong_inputs():
     )
     wide = (torch.zeros(B * H * 2, D + 1, device=DEVICE), torch.zeros(B * H * 2, device=DEVICE))
     expect_rejected(c, "part rows of D + 1", "part is [N, D]", (ValueError,), partial=wide)
+    merge_rejects()
+
+
+def merge_rejects() -> None:
+    """merge's own checks, one argument wrong at a time (2 requests, 2 heads, D = 16, 3 parts)."""
+    part, lse, _, (B, H, D, splits) = merge_case([[[0.0, 1.0, 2.0]] * 2] * 2, seed=92)
+    out = torch.zeros(B, H, D, device=DEVICE)
+    for args, what, hint, kinds in [
+        ((part, lse, out, 0), "splits = 0", "splits >= 1", (ValueError,)),
+        (
+            (part, lse[:-1], out, splits),
+            "an lse buffer one row short",
+            "each buffer needs B * H * splits rows",
+            (ValueError,),
+        ),
+        (
+            (part[:-1], lse, out, splits),
+            "a part buffer one row short",
+            "each buffer needs B * H * splits rows",
+            (ValueError,),
+        ),
+        ((part.double(), lse, out, splits), "a float64 part buffer", "the buffers are float32", (TypeError,)),
+        ((part, lse, out[0], splits), "a 2-D out", "out is [B, H, D]", (ValueError,)),
+    ]:
+        try:
+            lab.merge(*args)
+        except kinds:
+            continue
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(
+                f"merge with {what} raised {type(e).__name__} ({str(e).splitlines()[0][:120] if str(e) else ''}) "
+                f"instead of {kinds[0].__name__}: {hint} (merge checks its own arguments)"
+            ) from None
+        raise AssertionError(
+            f"merge with {what} returned instead of raising {kinds[0].__name__}: {hint} (merge checks its own "
+            "arguments)"
+        )
 
 
 @points(3)
 def test_checks_at_their_bounds():
     """The values on the contract's bounds pass: ``splits = 1``, head_dim 16, partial buffers of exactly ``B * H
-    * splits`` rows; the ones just past them raise ValueError (``splits = 0``, head_dim 8 and 24)."""
+    * splits`` rows, int32 rows; the ones just past them raise ValueError (``splits = 0``, head_dim 8 and 24)."""
     c = _valid()
     B, H, D = c.q.shape
     expect_accepted(c, "splits = 1", "splits >= 1: one part is valid (the engine's usual case)", 1)
@@ -600,6 +646,7 @@ def test_checks_at_their_bounds():
         c, "partial buffers of exactly B * H * splits rows", "N >= B * H * splits: N == is enough", 3, partial=exact
     )
     expect_rejected(c, "splits = 0", "splits >= 1", (ValueError,), splits=0)
+    expect_accepted(replace(c, rows=c.rows.int()), "int32 rows (what a CUDA graph passes)", "rows: int32 or int64", 2)
     for dim in (8, 24):
         odd = make_case([3, 4], heads=(4, 2), dim=dim, seed=91)
         expect_rejected(odd, f"head_dim {dim}", "head_dim: a power of two, at least 16", (ValueError,), splits=1)
@@ -651,7 +698,7 @@ def test_random_batches_match_torch():
     for i in range(18):
         c, splits = random_case(rng)
         try:
-            if i % 2 and splits > 1:
+            if i % 2:
                 expect_partial(c, splits, "random batch", spare=rng.choice([0, 3]))
             else:
                 expect(c, splits, "random batch")

@@ -192,6 +192,37 @@ MUTANTS = [
         why="a new tensor every call: the out the caller passed stays as it was",
     ),
     Mutant(
+        "one_part_through_the_buffers",
+        STEM,
+        (
+            ("    if SPLITS == 1:\n        dst = out_ptr", "    if SPLITS == 0:\n        dst = out_ptr"),
+            ("    if splits > 1 and partial is None:\n", "    if partial is None:\n"),
+            ("    part, lse = partial if splits > 1 else (out, out)\n", "    part, lse = partial\n"),
+            (LAUNCH_END, "    merge(part, lse, out, splits)\n    return out\n"),
+        ),
+        must_fail=("partial_buffers", "random_batches_match_torch"),
+        hint="with splits == 1 nothing but out is written",
+        why="one part also goes through the partial buffers and the merge: right, and it writes buffers it must not",
+    ),
+    Mutant(
+        "merge_checks_nothing",
+        STEM,
+        (
+            (
+                "    if out.dim() != 3 or out.stride(2) != 1:\n"
+                '        raise ValueError(f"out must be [B, H, D] with stride(2) == 1, got {tuple(out.shape)}")\n'
+                "    if splits < 1:\n"
+                '        raise ValueError(f"splits must be at least 1, not {splits}")\n'
+                "    bsz, heads, dim = out.shape\n"
+                "    check_partial((part, lse), bsz * heads * splits, dim)\n",
+                "    bsz, heads, dim = out.shape\n",
+            ),
+        ),
+        must_fail=("rejects_wrong_inputs",),
+        hint="merge checks its own arguments",
+        why="merge launches on whatever it is given (decode checked its buffers, but merge is called on its own too)",
+    ),
+    Mutant(
         "key_mask_lets_its_bound_in",
         STEM,
         (("        inside = j < stop\n", "        inside = j <= stop\n"),),

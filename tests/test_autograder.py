@@ -143,8 +143,8 @@ def test_mutant_loses_points(runs, mutant):
         f"pitfall (expected {mutant.hint!r} in it):\n{first['output']}"
     )
     partners = randomized_partners()
-    for name, t in tests.items():
-        if t["status"] == "failed" and name in partners:
+    for name, t in tests.items():  # a probe is graded on its must_fail tests only: one refusal zeroes the lab
+        if t["status"] == "failed" and name in partners and not mutant.route:
             assert tests[partners[name]]["status"] == "failed", (
                 f"mutant {mutant.name} ({mutant.why}) fails {name} but collects the points of the randomized "
                 f"{partners[name]}: its random inputs never exercise this bug\n{run.explain()}"

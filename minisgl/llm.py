@@ -106,10 +106,17 @@ class LLM:
     def _run(self, ids, params, texts, use_tqdm: bool) -> list[RequestOutput]:
         sched = self.scheduler
         uids = [next(self._uids) for _ in ids]
-        reqs = [sched.make_request(u, i, p) for u, i, p in zip(uids, ids, params)]  # validate all first
-        for req in reqs:  # a grammar that does not compile (they compile in the background, together)
-            if (err := sched.extras.grammar.error(req)) is not None:
-                raise err
+        reqs: list = []
+        try:  # validate all first; a grammar that does not compile is refused too (they compile together)
+            for u, i, p in zip(uids, ids, params):
+                reqs.append(sched.make_request(u, i, p))
+            for req in reqs:
+                if (err := sched.extras.grammar.error(req)) is not None:
+                    raise err
+        except BaseException:
+            for req in reqs:  # the compiles of a refused call stop
+                sched.extras.grammar.abandon(req)
+            raise
         outputs = {u: RequestOutput(t, i) for u, i, t in zip(uids, ids, texts)}
         for req in reqs:
             sched.add(req)

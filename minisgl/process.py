@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import multiprocessing as mp
 import os
 import signal
@@ -49,15 +50,37 @@ def setup_child(name: str, log_level: str) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     launcher = mp.parent_process()
     parent = launcher.pid if launcher is not None else os.getppid()
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
+
+
+def die_with_parent(sig: int) -> None:
+    """Linux: this process gets ``sig`` when its parent dies, even by SIGKILL (elsewhere: nothing)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        except OSError:
+            pass
+
+
+def dont_fork(t) -> None:
+    """Linux: a fork of this process leaves out the whole pages of CPU tensor ``t`` (``MADV_DONTFORK``):
+    the fork copies no page table for them (1 GiB on 4 KiB pages: most of a fork's time) and the child,
+    which must never read them, does not keep them. Only for a tensor of 64 MiB or more: glibc maps any
+    block over 32 MiB on its own and unmaps it when freed, so the advice goes with it; a smaller one may
+    sit in the heap, whose pages other objects take once it is freed (a fork then lacks them: a crash).
+    Elsewhere, or for a device tensor: nothing."""
+    nbytes = t.numel() * t.element_size()
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or nbytes < 64 << 20:
+        return
+    start = -(-t.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (t.data_ptr() + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 10)
+    except OSError:
+        pass
 
 
 def _watch_parent(parent: int) -> None:

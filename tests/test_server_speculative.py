@@ -11,11 +11,12 @@ rejected: the NGRAM server shows exactness with drafting, the STANDALONE one acc
 from __future__ import annotations
 
 import random
+import threading
 
 import httpx
 import openai
 import pytest
-from server_utils import ServerProcess
+from server_utils import ServerProcess, wait_until
 
 from minisgl import LLM, SamplingParams
 
@@ -112,3 +113,28 @@ def test_stats_and_metrics_report_acceptance(server, plain):
                 gauges[name] = float(line.rsplit(" ", 1)[1])
     assert gauges["sglang:spec_accept_rate"] == pytest.approx(part["accept_rate"])
     assert gauges["sglang:spec_accept_length"] == pytest.approx(part["accept_length"])
+
+
+def test_a_seeded_request_gets_its_tokens_beside_a_logprobs_request(server):
+    """Speculation is decided per request: a seeded sampled request drafts beside a request that asks
+    for logprobs (which never drafts) as it does alone, so its tokens are the same."""
+
+    def generate(ids, logprobs=False, **sampling) -> dict:
+        sampling = {"max_new_tokens": 200 if logprobs else N_NEW, "ignore_eos": True, **sampling}
+        body = {"input_ids": ids, "sampling_params": sampling, "return_logprob": logprobs}
+        r = httpx.post(f"{server.url}/generate", json=body, headers=server.headers, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    seeded = dict(temperature=0.5, top_k=2, seed=7)
+    alone = generate(prompts()[0], **seeded)["output_ids"]
+    neighbour = threading.Thread(target=generate, args=([9, 8, 7, 6],), kwargs=dict(logprobs=True))
+    neighbour.start()
+    assert wait_until(lambda: server.stats()["running_requests"] == 1, 30)
+    verified = spec_counts(server)[0]
+    beside = generate(prompts()[0], **seeded)["output_ids"]
+    running_after = server.stats()["running_requests"]
+    neighbour.join()
+    assert running_after == 1, "the logprobs request should still run beside it"
+    assert beside == alone, "beside a logprobs request the seeded request's tokens changed"
+    assert spec_counts(server)[0] > verified, "it did not draft beside the logprobs request"

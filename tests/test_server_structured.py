@@ -2,18 +2,22 @@
 ``response_format`` and ``logprobs`` / ``top_logprobs`` through the official ``openai`` client
 (streamed too), completions with ``echo`` the way ``lm-eval``'s loglikelihood asks and reads them,
 SGLang's ``/generate`` fields, ``n > 1`` and stop strings with a grammar, a client that leaves in the
-middle, and the 400s (a grammar that does not compile names the problem)."""
+middle, and the 400s (a grammar that does not compile names the problem; one over the limits of
+``minisgl/grammar/limits.py`` is refused at once, a typo even while other compiles run, and a compile
+whose clients left stops)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import jsonschema
 import openai
+import psutil
 import pytest
-from server_utils import ServerProcess, wait_idle
+from server_utils import ServerProcess, wait_idle, wait_until
 
 from minisgl.tokenizer import apply_chat_template
 
@@ -28,6 +32,7 @@ PERSON = {
     "required": ["name", "age"],
 }
 ASK = [{"role": "user", "content": "Describe a person as JSON."}]
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +67,10 @@ def client(server):
 
 def post(server, route: str, body: dict) -> httpx.Response:
     return httpx.post(f"{server.url}{route}", json=body, timeout=120)
+
+
+def schema(s: dict) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": s}}}
 
 
 def test_response_format_json_schema_and_json_object(client):
@@ -220,6 +229,11 @@ def test_a_client_leaving_mid_grammar_frees_everything(server, client):
         ("/v1/completions", {"logprobs": 21}, "logprobs", ""),
         ("/v1/completions", {"ebnf": "root ::= foo"}, "ebnf", 'Rule "foo" is not defined'),
         ("/generate", {"sampling_params": {"regex": "[a-"}}, "regex", "Unclosed '['"),
+        # what would compile for minutes, or compile to something that ignores part of the schema
+        ("/v1/chat/completions", schema({"const": "ab" * 500_000}), "json_schema", "the limit is 65,536 bytes"),
+        ("/v1/chat/completions", schema({"not": {"type": "string"}}), "json_schema", "'not' is not supported"),
+        ("/v1/completions", schema({"$ref": "http://example.com/s.json"}), "json_schema", "inside the schema"),
+        ("/generate", {"sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}, "json_schema", "deeper than"),
     ],
 )
 def test_bad_constraints_and_logprob_fields_get_a_400(server, route, body, param, words):
@@ -230,3 +244,40 @@ def test_bad_constraints_and_logprob_fields_get_a_400(server, route, body, param
     assert words in err["message"]
     if param is not None:
         assert err["param"] is not None and param in err["param"]
+
+
+def test_a_schema_nested_past_the_limit_gets_a_400(server):
+    """950 levels: once a 500 (json.dumps ran out of stack); past the body parser's depth: its 400."""
+    for depth in (65, 950):
+        schema = '{"type": "array", "items": ' * depth + "{}" + "}" * depth
+        body = '{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+        body += '"json_schema": {"name": "s", "schema": ' + schema + "}}}"
+        r = httpx.post(f"{server.url}/v1/chat/completions", content=body, headers=JSON, timeout=60)
+        assert r.status_code == 400 and "the limit is 64" in r.json()["error"]["message"], (depth, r.text[:300])
+
+
+def test_abandoned_compiles_stop_and_a_bad_regex_is_refused_at_once(server):
+    """Schemas that take a while to compile (a 16 KB const: ~0.3 s): one served, to time its compile; two
+    more whose clients leave at once; then a regex with a typo. Its 400 comes in a fraction of a compile's
+    time (checked before it waits for a compile lane, not behind the abandoned compiles), no compile
+    process is left behind, and a regex is then served."""
+    const = lambda i: schema({"const": f"{i}" + "ab" * 8_000})  # noqa: E731
+    t = time.monotonic()
+    r = post(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 1, **const("served")})
+    compile_s = time.monotonic() - t
+    assert r.status_code == 200, r.text
+    for i in range(2):
+        try:
+            body = {"messages": ASK, "max_tokens": 4, "stream": True, **const(i)}
+            with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=0.2) as r:
+                r.read()
+        except httpx.TimeoutException:
+            pass
+    t = time.monotonic()
+    r = post(server, "/v1/chat/completions", {"messages": ASK, "regex": "[a-", "stream": True})
+    assert r.status_code == 400 and "Unclosed '['" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - t < compile_s / 2, f"{time.monotonic() - t:.2f} s, a compile {compile_s:.2f} s"
+    scheduler = psutil.Process(server.stats()["server"]["processes"]["scheduler"])
+    assert wait_until(lambda: not scheduler.children(), 10), "a compile nobody waits for left its process"
+    r = post(server, "/v1/chat/completions", {"messages": ASK, "regex": "[a-z]+", "max_tokens": 4})
+    assert r.status_code == 200 and re.fullmatch("[a-z]+", r.json()["choices"][0]["message"]["content"]), r.text

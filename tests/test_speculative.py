@@ -8,6 +8,7 @@ position as a decode row (the same arithmetic as a plain decode step)."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -266,6 +267,36 @@ def test_ngram_exact_and_abort_mid_run(tiny_llama, plain_refs):
         sched.step()
     sched.check_memory()
     assert req.output_ids == refs[3][: len(req.output_ids)]
+
+
+@pytest.mark.parametrize("algorithm", [None, "NGRAM"])
+def test_a_seeded_request_gets_its_tokens_beside_any_neighbour(tiny_llama, algorithm):
+    """Whether a request drafts is its own business: beside a logprobs or a grammar request (which never
+    draft, and decode as plain rows of the same verify batch) a seeded sampled request drafts as it does
+    alone, so it gets the same tokens, with speculation and without."""
+    llm = LLM(str(tiny_llama), dtype="float32", speculative_algorithm=algorithm, debug_checks=True)
+    prompt = [5] * 30  # repetitive: the n-gram drafter finds drafts at every step
+    sp = SamplingParams(temperature=0.5, top_k=2, seed=7, max_tokens=24, ignore_eos=True)
+    alone = llm.generate([prompt], sp, use_tqdm=False)[0].token_ids
+    assert not algorithm or llm.scheduler.spec.stats.verify_rows > 0, "alone, the request should draft"
+    neighbours = {
+        "logprobs": SamplingParams(max_tokens=24, ignore_eos=True, logprobs=True, top_logprobs=2),
+        "grammar": SamplingParams(max_tokens=24, regex="[a-z ]{1,80}"),
+    }
+    for name, other in neighbours.items():
+        verified = llm.scheduler.spec.stats.verify_rows if algorithm else 0
+        other_alone = llm.generate([[9, 8, 7, 6]], other, use_tqdm=False)[0]
+        outs = llm.generate([prompt, [9, 8, 7, 6]], [sp, other], use_tqdm=False)
+        assert outs[0].token_ids == alone, f"beside a {name} request the seeded request's tokens changed"
+        # the neighbour, a plain row of the verify batches: its mask and logprobs as in a decode batch (its
+        # first token's prefill shared a batch with the seeded prompt's: float32 rounding, hence approx)
+        assert outs[1].token_ids == other_alone.token_ids, name
+        if name == "logprobs":
+            assert outs[1].logprobs == pytest.approx(other_alone.logprobs, rel=1e-5)
+        else:
+            assert re.fullmatch("[a-z ]*", outs[1].text), outs[1].text
+        if algorithm:
+            assert llm.scheduler.spec.stats.verify_rows > verified, f"it did not draft beside the {name} request"
 
 
 def test_tp2_greedy_exact(tiny_llama, plain_refs):

@@ -14,7 +14,7 @@ from minisgl.core import SamplingParams as SP
 from minisgl.scheduler.events import BatchEvent
 from minisgl.scheduler.replicated import Command, ReplicatedScheduler, apply
 from minisgl.scheduler.scheduler import Scheduler
-from minisgl.scheduler.timed import AdaptiveChunking, chunk_time
+from minisgl.scheduler.timed import AdaptiveChunking, chunk_time, tokens_in
 
 TARGET_S = 0.1
 SCALE = TARGET_S / 40  # seconds per cost unit: a batch of the target holds 40 units (~40 tokens from 0)
@@ -64,6 +64,8 @@ def test_the_scale_is_measured_from_prefill_batches_and_weighs_large_ones_more()
     assert policy.budget(8192, 8192, 0) == first and math.isinf(policy.time_left)  # not measured: small first
     ev = lambda kind, s, e, secs: BatchEvent(0, kind, [1], [s], [e], 0, 0, 0, 0, 0, 0, 0, 10.0, 10.0, 10.0 + secs)  # noqa: E731
     policy.observe(ev("decode", 9, 10, 5.0))  # decode steps say nothing about prefill speed
+    # the first prefill waited for what a first step waits for (8.2 s for 37 tokens, with an empty kernel cache)
+    policy.observe(ev("prefill", 0, 37, 8.2))
     assert policy.seconds_per_unit is None
     small, large = chunk_time(policy.cost, 0, 10), chunk_time(policy.cost, 0, 1000)
     policy.observe(ev("prefill", 0, 10, 0.02))
@@ -71,7 +73,9 @@ def test_the_scale_is_measured_from_prefill_batches_and_weighs_large_ones_more()
     policy.observe(ev("prefill", 0, 1000, 1.0))
     scale = policy.seconds_per_unit
     assert scale == pytest.approx(1.02 / (small + large))
-    assert policy.budget(64, 8192, 0) == 8192 and policy.time_left == pytest.approx(0.5 / scale)  # idle: bounded too
+    # idle: bounded too, by as many tokens as the target's time holds from position 0 (FIRST_TOKENS at least)
+    held = tokens_in(policy.cost, 0.5 / scale)
+    assert policy.budget(64, 8192, 0) == max(first, held) and policy.time_left == pytest.approx(0.5 / scale)
     assert policy.budget(64, 8192, 3) == 64 and policy.time_left == pytest.approx(0.5 / scale)
 
 
@@ -153,7 +157,8 @@ def test_tensor_parallel_ranks_take_rank_0s_pace(path):
     leader = ReplicatedScheduler(LLM(path, dtype="float32", step_time=TARGET_S).config)
     leader.add_request(1, list(range(100, 400)), SP(max_tokens=1, ignore_eos=True))
     leader._log.clear()
-    Scheduler.step(leader)  # a step without the broadcast (no process group here)
+    Scheduler.step(leader)  # steps without the broadcast (no process group here); the first is not measured
+    Scheduler.step(leader)
     (cmd,) = [c for c in leader._log if c.kind == "pace"]
     assert cmd.arg == leader.chunking.seconds_per_unit and cmd.arg > 0
     follower = LLM(path, dtype="float32", step_time=TARGET_S).scheduler
@@ -163,3 +168,49 @@ def test_tensor_parallel_ranks_take_rank_0s_pace(path):
     while follower.has_work:
         follower.step()
     assert follower.chunking.seconds_per_unit == SCALE  # its own steps changed nothing
+
+
+@pytest.mark.parametrize("traffic", ["slow", "fast"])
+def test_a_short_prompt_is_never_cut_by_the_measured_speed(path, traffic):
+    """What the traffic before it left behind, the speed measured (an absurdly slow one: a first step that
+    waited for a kernel compile, 8.2 s for 37 tokens; or a fast one), does not cut a prompt of at most
+    FIRST_TOKENS: it is one extend, and its greedy tokens (bfloat16, where cuts change them) do not change.
+    A longer prompt's cuts follow the speed."""
+    short, long = list(range(300, 300 + AdaptiveChunking.FIRST_TOKENS)), list(range(500, 900))
+    sp = SP(max_tokens=8, ignore_eos=True)
+    llm = LLM(path, dtype="bfloat16", step_time=TARGET_S, num_pages=4096)
+    events = prefill_events(llm)
+    pace = {"slow": 8.2 / chunk_time(llm.scheduler.chunking.cost, 0, 37), "fast": SCALE}[traffic]
+    results = []
+    for scale in (SCALE, pace):
+        llm.scheduler.chunking.calibrate(scale)
+        llm.scheduler.flush_cache()
+        events.clear()
+        results.append([o.token_ids for o in llm.generate([short, long], sp, use_tqdm=False)][:1])
+        extends = [(e.starts[e.uids.index(u)], e.ends[e.uids.index(u)]) for e in events for u in e.uids]
+        assert extends[0] == (0, len(short)), f"the short prompt was cut: {extends}"
+        llm.generate([long], sp, use_tqdm=False)  # traffic
+    assert results[0] == results[1]
+
+
+def test_a_step_never_waits_for_the_kernels_compile_and_says_so(monkeypatch):
+    """The server and the shell wait for the C++ kernels' build before the first step, saying what they
+    wait for; once built, nothing is said and nothing waits."""
+    from minisgl.kernels import jit
+
+    said, built = [], []
+    monkeypatch.setattr(jit, "cpu_module", lambda: built.append(True))
+    monkeypatch.setattr(jit, "_BUILT", {})
+    jit.wait_built(said.append)
+    assert built and said == ["compiling the CPU kernels (once per machine) ..."]
+    monkeypatch.setattr(jit, "_BUILT", {jit.isa(): object()})
+    jit.wait_built(said.append)
+    assert len(said) == 1 and len(built) == 1
+
+
+def test_the_warm_up_is_no_measure_of_speed(path):
+    from minisgl.scheduler.warmup import warm_up
+
+    llm = LLM(path, dtype="float32", step_time=TARGET_S)
+    warm_up(llm.scheduler)
+    assert llm.scheduler.chunking.seconds_per_unit is None

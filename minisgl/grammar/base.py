@@ -52,12 +52,18 @@ class Matcher(ABC):
 class GrammarBackend(ABC):
     """Compiles constraints for one tokenizer (lesson 14's seam, registered in ``GRAMMAR_BACKENDS``).
 
-    Built once per engine, off the scheduler's loop (in the compile thread), with the model's HF
+    Built once per engine, off the scheduler's loop (in a thread of ``compiler.py``), with the model's HF
     tokenizer, the model's vocabulary size (the logits' width) and the token ids that end a request.
-    ``compile`` may be called from that thread while matchers are used in the scheduler's."""
+    The engine calls ``compile`` twice for a new constraint (``compiler.py``): once in a forked child of
+    the scheduler's process, which it can stop, then in the compile thread; ``matcher`` in the loop."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int]):
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
+
+    @classmethod
+    def build(cls, model_path: Any, vocab_size: int, stop_ids: list[int]) -> GrammarBackend:
+        """The backend of a model folder (what the engine calls): by default ``cls`` with its tokenizer."""
+        return cls(tokenizer_of(model_path), vocab_size, stop_ids)
 
     @abstractmethod
     def compile(self, kind: str, text: str) -> Any:
@@ -67,6 +73,25 @@ class GrammarBackend(ABC):
     @abstractmethod
     def matcher(self, compiled: Any) -> Matcher:
         """A fresh matcher at the start of ``compiled``."""
+
+    @classmethod  # noqa: B027 (an optional hook)
+    def check(cls, kind: str, text: str) -> None:
+        """Raise ``GrammarError`` for a constraint whose syntax is wrong; fast (it runs before the request
+        waits for a compile). The default checks nothing (``compile`` will)."""
+
+    def nbytes(self, compiled: Any) -> int:
+        """Memory ``compiled`` holds, for the engine's cache of compiled constraints (0: unknown, then
+        the constraint's text counts)."""
+        return 0
+
+
+def tokenizer_of(model_path: Any) -> Any:
+    from minisgl.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    if tokenizer is None:
+        raise GrammarError("this model has no tokenizer; constrained decoding needs one")
+    return tokenizer
 
 
 def bitmask_words(vocab_size: int) -> int:

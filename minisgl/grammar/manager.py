@@ -1,11 +1,13 @@
 """The scheduler's side of constrained decoding: compiles off the loop, one matcher per request, and
 each batch's bitmask, filled while the forward pass runs.
 
-Compiling runs on one background thread (``compile``: a future per distinct constraint, cached), so
+A constraint is checked when its request is made (``start``: ``limits.py``, size, depth and schema
+keywords, a 400 at once) and compiled off the loop (``compiler.py``: a syntax check first, then a
+forked child with a time limit, stopped when no request waits for it; a cache bounded in bytes), so
 a new schema costs the loop nothing: the server's scheduler adds a request once its compile is done
 (or answers 400), ``LLM.generate`` waits for it before queueing anything, and a matcher is made at
-the request's first sample (on the other tensor-parallel ranks, which compile for themselves, that
-waits for their compile if it still runs).
+the request's first sample (on the other tensor-parallel ranks, which compile for themselves without
+a time limit, since rank 0 already accepted the request, that waits for their compile if it still runs).
 
 A matcher must have seen every earlier token of its request before its row's mask is filled. With
 the overlap loop the previous token is still on the device when the next batch is launched, so the
@@ -25,21 +27,19 @@ current at launch and nothing is gathered. On the CPU every step is synchronous 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from minisgl.core import Req, RequestError
-from minisgl.grammar.base import GRAMMAR_BACKENDS, GrammarBackend, GrammarError, Matcher, apply_bitmask, bitmask_words
+from minisgl.grammar import limits
+from minisgl.grammar.base import GRAMMAR_BACKENDS, GrammarError, Matcher, apply_bitmask, bitmask_words
+from minisgl.grammar.compiler import TIME_LIMIT_S, Compiler, Key
 
 logger = logging.getLogger(__name__)
-
-COMPILED_KEPT = 256  # distinct constraints whose compiled form is kept (least recently used dropped)
-Spec = tuple[str, str]  # (kind, text): SamplingParams.grammar
 
 
 @dataclass
@@ -51,61 +51,71 @@ class _Tracked:
 
 
 class GrammarManager:
-    def __init__(self, backend: str, model_path: Path | None, vocab_size: int, stop_ids: Callable[[], set[int]]):
+    def __init__(
+        self,
+        backend: str,
+        model_path: Path | None,
+        vocab_size: int,
+        stop_ids: Callable[[], set[int]],
+        tp_rank: int = 0,
+    ):
+        """``tp_rank > 0``: a follower compiles what rank 0 accepted, with no time limit (rank 0 has one)."""
         self.backend_name, self.model_path, self.vocab_size = backend, model_path, vocab_size
         self._stop_ids = stop_ids
-        self.backend: GrammarBackend | None = None  # built by the compile thread, on first use
-        self._pool: ThreadPoolExecutor | None = None
-        self._compiled: OrderedDict[Spec, Future] = OrderedDict()
+        self.compiler = Compiler(self._build, None if tp_rank else TIME_LIMIT_S)
         self._reqs: dict[Req, _Tracked] = {}
 
-    # ---- compiling (one background thread) ---------------------------------------------------
-    def compile(self, spec: Spec) -> Future:
-        fut = self._compiled.get(spec)
-        if fut is not None:
-            self._compiled.move_to_end(spec)
-            return fut
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        fut = self._compiled[spec] = self._pool.submit(self._compile, spec)
-        while len(self._compiled) > COMPILED_KEPT:
-            self._compiled.popitem(last=False)
-        return fut
+    @property
+    def backend(self):
+        """The backend (None until the first constraint has been checked)."""
+        return self.compiler.backend
 
-    def _compile(self, spec: Spec):
-        if self.backend is None:
-            from minisgl.tokenizer import load_tokenizer
+    def _build(self):
+        return GRAMMAR_BACKENDS.get(self.backend_name).build(self.model_path, self.vocab_size, sorted(self._stop_ids()))
 
-            tokenizer = load_tokenizer(self.model_path)
-            if tokenizer is None:
-                raise GrammarError("this model has no tokenizer; constrained decoding needs one")
-            cls = GRAMMAR_BACKENDS.get(self.backend_name)
-            self.backend = cls(tokenizer, self.vocab_size, sorted(self._stop_ids()))
-        return self.backend.compile(*spec)
+    # ---- compiling (compiler.py) -------------------------------------------------------------
+    def compile(self, key: Key) -> Future:
+        return self.compiler.submit(key)
+
+    def start(self, req: Req) -> None:
+        """Check ``req``'s constraint (``RequestError`` for one ``limits.py`` refuses) and start its compile."""
+        if (key := req.sampling.grammar) is not None:
+            try:
+                limits.check(*key)
+            except GrammarError as e:
+                raise RequestError(str(e), key[0]) from None
+            self.compiler.submit(key, req)
 
     def error(self, req: Req, wait: bool = True) -> RequestError | None:
         """Why ``req``'s constraint cannot be compiled (None: it compiled, has none, or, with
-        ``wait=False``, is still compiling). Starts the compile if needed."""
-        spec = req.sampling.grammar
-        if spec is None:
+        ``wait=False``, is still compiling)."""
+        key = req.sampling.grammar
+        if key is None:
             return None
-        fut = self.compile(spec)
+        fut = self.compiler.submit(key, req)
         if not wait and not fut.done():
             return None
         exc = fut.exception()
-        return None if exc is None else RequestError(str(exc), spec[0])
+        return None if exc is None else RequestError(str(exc), key[0])
 
     def ready(self, req: Req) -> bool:
-        spec = req.sampling.grammar
-        return spec is None or self.compile(spec).done()
+        key = req.sampling.grammar
+        return key is None or self.compiler.submit(key, req).done()
+
+    def abandon(self, req: Req) -> None:
+        """``req`` no longer waits for its compile (it was aborted before it was added): a compile that
+        nobody waits for is stopped."""
+        if (key := req.sampling.grammar) is not None:
+            self.compiler.drop(key, req)
 
     # ---- requests ----------------------------------------------------------------------------
     def track(self, req: Req) -> None:
-        if (spec := req.sampling.grammar) is not None:
-            self._reqs[req] = _Tracked(self.compile(spec))
+        if (key := req.sampling.grammar) is not None:
+            self._reqs[req] = _Tracked(self.compiler.submit(key, req))
 
     def release(self, req: Req) -> None:
         self._reqs.pop(req, None)
+        self.abandon(req)
 
     def masker(self, reqs: list[Req], rows: list[int], steps: list[int], token_pool: torch.Tensor):
         """Call before the forward pass: for batch rows ``rows`` (their requests ``reqs``, sampling
@@ -177,5 +187,4 @@ class GrammarManager:
         return st.broken or (st.matcher is not None and st.matcher.is_terminated())
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self.compiler.shutdown()

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import platform
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from minisgl.env import ENV
@@ -104,6 +105,14 @@ def cpu_module(level: str | None = None):
 
 def available() -> bool:
     return cpu_module() is not None
+
+
+def wait_built(say: Callable[[str], None]) -> None:
+    """Have this machine's kernels built before anything waits for them inside a step (the engine starts
+    the build while its weights load): ``say`` what is being waited for, if anything is."""
+    if isa() not in _BUILT:
+        say("compiling the CPU kernels (once per machine) ...")
+        cpu_module()
 
 
 def _build(level: str):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.kernels import kv_store_fn
+from minisgl.process import dont_fork
 
 
 class KVPool:
@@ -51,6 +52,7 @@ class KVPool:
         self.buffer = torch.zeros(
             num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim, dtype=dtype, device=device
         )
+        dont_fork(self.buffer)  # a fork of the scheduler (a constraint's trial compile) copies no page table of it
         self.scratch_slot = num_pages * page_size
         # float32 for the store kernels, compute_dtype copies for attention (equal: powers of two)
         self.k_scale = torch.ones(num_layers, num_kv_heads, dtype=torch.float32, device=device)

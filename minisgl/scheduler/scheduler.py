@@ -66,7 +66,7 @@ class Scheduler:
         self.reqs: dict[int, Req] = {}
         self.eos_ids: set[int] = set(e.model_config.eos_token_ids)
         path = getattr(e, "model_path", None)  # (a fake engine, autograder/scheduler_sim.py, has none)
-        grammar = GrammarManager(parts.grammar, path, e.model_config.vocab_size, lambda: self.eos_ids)
+        grammar = GrammarManager(parts.grammar, path, e.model_config.vocab_size, lambda: self.eos_ids, config.tp_rank)
         self.extras = RequestExtras(grammar, self.device)  # logprobs and grammars
         self.stats = CacheStats()
         self.observers: list[BatchObserver] = []  # called with a BatchEvent per processed batch
@@ -104,7 +104,7 @@ class Scheduler:
         if uid in self.reqs:
             raise RequestError(f"request id {uid} is already in use")
         req = make_request(uid, input_ids, sampling, self.engine, self.cache, lambda: self._seed_rng.getrandbits(63))
-        self.extras.grammar.error(req, wait=False)  # starts compiling its grammar (if any) now
+        self.extras.grammar.start(req)  # checks its grammar (if any) and starts compiling it
         return req
 
     def abort(self, uid: int) -> bool:
@@ -267,7 +267,7 @@ class Scheduler:
         """Run the forward pass; write the kept samples into the token pool (on the device), where
         the next decode batch reads its inputs."""
         if batch.spec is not None:  # a verify pass writes its kept tokens into the token pool itself
-            return self.spec.launch(batch, info)  # type: ignore[union-attr]
+            return self.spec.launch(batch, info, self.extras)  # type: ignore[union-attr]
         if batch.extras is None:  # (the two-argument call: lessons and tests wrap forward_batch)
             tokens = self.engine.forward_batch(batch, info)
         else:

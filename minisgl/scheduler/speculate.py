@@ -20,9 +20,12 @@ cache through ``release_request``, which inserts ``all_token_ids()[:cached_len]`
 only). ``k <= max_device_len - n - 1`` keeps every KV write inside the request's reservation.
 
 Which requests draft: a speculative request (``SamplingParams.speculative``, the default) without a
-grammar or logprobs (their masks and scores are per sampled token: not done for verify rows), and only
-in a batch where no request has those (that batch decodes plainly), unless it is backing off after
-verify steps that accepted nothing (``spec_backoff.py``: it decodes plainly for a while). Its drafts
+grammar or logprobs (their masks and scores are per sampled token: not done for drafted positions),
+unless it is backing off after verify steps that accepted nothing (``spec_backoff.py``: it decodes
+plainly for a while). The decision is the request's own, whatever else is in the batch, so its tokens
+do not depend on its neighbours: a verify batch may hold rows that drafted nothing, which are plain
+decode rows (one position; a grammar's mask and logprobs are computed on it as in a decode batch, and
+the verifier's draw there is the plain sampler's). Its drafts
 need its tokens on the host: under the overlap loop a speculative request whose last pass is still in
 flight waits one step (it then runs as under the plain loop). A verify batch runs as a decode batch with
 one row per position (``decode_rows``): a CUDA graph on a GPU where one of that many rows was captured,
@@ -38,6 +41,7 @@ import torch
 
 from minisgl.attention.context import forward_context
 from minisgl.core import Batch, Req
+from minisgl.engine.logprobs import log_probs, score
 from minisgl.scheduler.admission import Extend
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.spec_backoff import Backoff
@@ -133,11 +137,9 @@ class SpecManager:
         """Before a decode batch: draft for ``decodable``, dropping from it (in place) the speculative
         requests whose tokens are not all on the host yet; the drafts count in their ``device_len``."""
         self._drafts = {}
-        if any(self.plain_only(r) for r in decodable):
-            return  # this batch decodes plainly
         keep = []
         for req in decodable:
-            if not req.sampling.speculative or not self.backoff.should_draft(req):
+            if not req.sampling.speculative or self.plain_only(req) or not self.backoff.should_draft(req):
                 keep.append(req)  # decodes plainly this step (its tokens need not be on the host)
             elif req.prompt_len + len(req.output_ids) == req.device_len:  # else: waits a step for them
                 keep.append(req)
@@ -164,13 +166,15 @@ class SpecManager:
         return batch
 
     @torch.inference_mode()
-    def launch(self, batch: Batch, info) -> torch.Tensor:
+    def launch(self, batch: Batch, info, extras) -> torch.Tensor:
         """The verify pass: logits at every position, the verdict, the kept token into the token pool.
-        Returns ``[B, K + 2]`` int64 on the device: accepted count, then the row's tokens."""
+        Returns ``[B, K + 2]`` int64 on the device: accepted count, then the row's tokens. ``extras``
+        (the scheduler's ``RequestExtras``): the masks and logprobs of the rows that did not draft."""
         e, dev = self.engine, batch.input_ids.device
         drafts = batch.spec.drafts
         k1 = max(len(d) for d in drafts) + 1
         rows = decode_rows(batch)
+        extras.start_mask(batch, self.table.token_pool)
         with forward_context(rows, e.attn_backend):
             if e.graph_runner is not None and e.graph_runner.can_run(rows):
                 logits = e.graph_runner.replay(rows)  # [tokens, V]: the decode graph of that many rows
@@ -179,6 +183,14 @@ class SpecManager:
                 logits = e.model(rows.input_ids, rows.positions, rows.logit_idx)
         lens = torch.tensor([len(d) + 1 for d in drafts])
         first = torch.cumsum(lens, 0) - lens
+        x = batch.extras.extras if batch.extras is not None else None  # rows without drafts: one position
+        scored = None
+        if x is not None:
+            heads = logits[first.to(dev)]  # [B, V]: each request's first position, a plain row's only one
+            if x.mask is not None:
+                x.mask(heads)
+                logits[first.to(dev)] = heads
+            scored = log_probs(heads[x.rows]) if x.rows is not None else None
         idx = first[:, None] + torch.minimum(torch.arange(k1)[None, :], lens[:, None] - 1)  # padded: row's last
         padded = torch.tensor([d + [-1] * (k1 - 1 - len(d)) for d in drafts], dtype=torch.int64)
         starts = torch.tensor(batch.starts, dtype=torch.int64)
@@ -189,6 +201,9 @@ class SpecManager:
         rows = batch.table_idx[: batch.size]
         kept = verdict.tokens.gather(1, verdict.accepted[:, None]).squeeze(1)
         self.table.token_pool[rows, to(starts) + 1 + verdict.accepted] = kept.to(torch.int32)
+        if scored is not None:
+            x.sampled = score(scored, verdict.tokens[x.rows, 0], x.top_k)
+        extras.to_host(batch)
         return torch.cat([verdict.accepted[:, None], verdict.tokens], dim=1)
 
     def accepted(self, batch: Batch, i: int, req: Req, row: list[int]) -> list[int]:

@@ -21,6 +21,14 @@ def chunk_time(cost: PrefillCost, start: int, end: float) -> float:
     return cost.per_token * n + cost.per_pair * n * (start + end + 1) / 2
 
 
+def tokens_in(cost: PrefillCost, time: float) -> float:
+    """The most tokens a prompt computes from position 0 within ``time`` (``chunk_time(cost, 0, n) <= time``)."""
+    a, b = cost.per_pair / 2, cost.per_token + cost.per_pair / 2  # chunk_time(cost, 0, n) = a n^2 + b n
+    if a > 0:
+        return math.floor((math.sqrt(b * b + 4 * a * time) - b) / (2 * a))
+    return math.floor(time / b) if b > 0 else math.inf
+
+
 def fit_cost(samples: list[tuple[int, int, float]]) -> PrefillCost:
     """The ``PrefillCost`` that best explains measured extends ``(start, end, seconds)`` (least squares,
     both coefficients >= 0: a negative one is set to 0 and the other refitted alone)."""
@@ -77,28 +85,49 @@ class AdaptiveChunking(TimedChunking):
     Until the first measurement a batch is at most ``FIRST_TOKENS`` (a small, safe first step). Token budgets
     still cap every batch. The scheduler feeds ``observe`` every processed batch. Tensor-parallel ranks must
     all decide alike: rank 0 measures and logs each new scale (``on_pace``), the others (``measures =
-    False``) ``calibrate`` to it."""
+    False``) ``calibrate`` to it.
+
+    The measured speed never cuts a short prompt: a batch may always hold ``FIRST_TOKENS`` tokens, and a
+    prompt with at most that many left is cut by the token budget only, never by time. So a prompt that
+    short, prefilled alone, is one extend whatever the engine measured (its tokens cannot change with
+    the speed the traffic before it left behind); only a longer prompt's cuts follow the speed."""
 
     WINDOW = 8
-    FIRST_TOKENS = 128  # the most a batch computes before any measurement (CPU_PREFILL_LENGTH)
+    FIRST_TOKENS = 128  # the most a batch computes before any measurement (CPU_PREFILL_LENGTH); never cut by time
     measures = True  # False on tensor-parallel ranks 1..N-1
     on_pace: Callable[[float], None] | None = None  # called with each new scale measured here
 
     def __init__(self, cost: PrefillCost | None = None, target_s: float = 0.5):
         super().__init__(cost)
         self.target_s = target_s
+        self.forget()
+
+    def forget(self) -> None:
+        """Back to unmeasured (the warm-up's steps compiled kernels); the next prefill batch is the first
+        again, not measured (``observe``). Tensor-parallel ranks follow (``on_pace(None)``)."""
         self.seconds_per_unit: float | None = None  # the scale in use (None: not measured yet)
         self._tokens = math.inf  # the token budget of the batch being built
         self._samples: deque[tuple[float, float]] = deque(maxlen=self.WINDOW)  # (units, seconds)
+        self._first = True
+        if self.on_pace is not None:
+            self.on_pace(None)
 
     def budget(self, busy: float, idle: float, num_decoding: int) -> float:
         tokens = busy if num_decoding else idle
         if self.seconds_per_unit is None:
             tokens, self.time_left = min(tokens, self.FIRST_TOKENS), math.inf
-        else:
+        else:  # as many tokens as the target's time holds from position 0, and FIRST_TOKENS at least
             self.time_left = self.target_s / self.seconds_per_unit
+            tokens = min(tokens, max(self.FIRST_TOKENS, tokens_in(self.cost, self.time_left)))
         self._tokens = tokens
         return tokens
+
+    def extend_end(self, req: Req, tokens_left: float) -> int:
+        if req.device_len - req.cached_len > self.FIRST_TOKENS:
+            return super().extend_end(req, tokens_left)
+        end = int(min(req.device_len, req.cached_len + tokens_left))  # a short prompt: tokens decide
+        self.time_left -= chunk_time(self.cost, req.cached_len, end)
+        return end
 
     def alongside(self, waiting: list[Req]) -> list[Req]:
         """While a long prompt is being chunked, the waiting requests (in order) that may start in the next
@@ -115,10 +144,16 @@ class AdaptiveChunking(TimedChunking):
         return joiners
 
     def observe(self, ev: BatchEvent) -> None:
-        """Rescale from a processed prefill batch's time (a decode batch says nothing about prefill speed)."""
+        """Rescale from a processed prefill batch's time (a decode batch says nothing about prefill speed).
+        The first prefill batch is not measured: it pays what a step pays once (the wait for the C++
+        kernels' compile on a machine without them, allocations, first calls), 92x a later one's time
+        on the 2-core CPU with an empty kernel cache."""
         # the whole step, planning to tokens (on a CPU the forward pass runs inside the launch)
         seconds = ev.t_done - ev.t_scheduled
         if not self.measures or ev.kind != "prefill" or ev.t_scheduled <= 0 or seconds <= 0:
+            return
+        if self._first:
+            self._first = False
             return
         units = sum(chunk_time(self.cost, s, e) for s, e in zip(ev.starts, ev.ends))
         self._samples.append((units, seconds))
@@ -127,5 +162,5 @@ class AdaptiveChunking(TimedChunking):
         if self.on_pace is not None:
             self.on_pace(scale)
 
-    def calibrate(self, seconds_per_unit: float) -> None:
+    def calibrate(self, seconds_per_unit: float | None) -> None:
         self.seconds_per_unit = seconds_per_unit

@@ -23,8 +23,9 @@ FIRST_UID = -(1 << 62)  # warm-up requests take uids no client can have (clients
 
 def warm_up(sched: Scheduler) -> float:
     """Run the warm-up requests to the end; returns the seconds it took. Leaves no trace: the
-    prefix cache is emptied and the cache counters are zeroed. On a tensor-parallel group, call it
-    on rank 0 (a ``ReplicatedScheduler``): the other ranks run the same requests."""
+    prefix cache is emptied, the cache counters are zeroed and the step-time policy's measurements
+    dropped. On a tensor-parallel group, call it on rank 0 (a ``ReplicatedScheduler``): the other
+    ranks run the same requests."""
     t = time.perf_counter()
     vocab, page = sched.engine.model_config.vocab_size, sched.page_size
     longest = max(1, sched.engine.max_seq_len - 4)
@@ -45,4 +46,6 @@ def warm_up(sched: Scheduler) -> float:
             sched.step()
     sched.flush_cache()
     sched.stats = CacheStats()
+    if hasattr(sched.chunking, "forget"):  # --step-time: steps that compiled kernels are no measure of speed
+        sched.chunking.forget()
     return time.perf_counter() - t

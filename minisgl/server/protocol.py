@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from minisgl.core import MAX_TOP_LOGPROBS, SamplingParams
+from minisgl.grammar.limits import MAX_DEPTH, json_depth
 
 
 def _valid_unicode(s: str) -> str:
@@ -88,6 +89,14 @@ class JsonSchemaFormat(BaseModel):
     description: Text | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: StrictBool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _not_too_deep(cls, v: dict | None) -> dict | None:
+        # before json.dumps, whose recursion a schema nested ~950 deep exhausted (a 500)
+        if v is not None and (depth := json_depth(v)) > MAX_DEPTH:
+            raise ValueError(f"the schema nests {depth} levels deep; the limit is {MAX_DEPTH}")
+        return v
 
 
 class ResponseFormat(BaseModel):

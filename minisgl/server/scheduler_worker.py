@@ -187,6 +187,7 @@ class SchedulerWorker:
             compiling = [r for r in self.compiling if r.uid == msg.uid]
             if compiling:
                 self.compiling.remove(compiling[0])
+                self.sched.extras.grammar.abandon(compiling[0])  # a compile nobody waits for stops
                 out.append(TokenMsg(msg.uid, -1, "abort"))
             elif self.sched.abort(msg.uid):
                 self.aborted += 1
@@ -316,4 +317,8 @@ def run_scheduler(config: EngineConfig, addrs: Addresses | None, log_level: str)
         return
     if sched.device.type == "cuda":  # before the server says it is ready
         logger.info("warmed up in %.1f s", warm_up(sched))
+    else:  # the same for the C++ kernels: no request's step waits for their compile
+        from minisgl.kernels.jit import wait_built
+
+        wait_built(logger.info)
     SchedulerWorker(sched, addrs).run()

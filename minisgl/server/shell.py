@@ -170,6 +170,10 @@ def run_shell(args: ServerArgs) -> int:
         from minisgl.scheduler.warmup import warm_up
 
         warm_up(llm.scheduler)
+    else:  # not inside the first answer, with nothing on the screen
+        from minisgl.kernels.jit import wait_built
+
+        wait_built(lambda what: print(f"minisgl: {what}", flush=True))
     embedded = args.engine.get("model") is None
     sampling = settings.sampling(embedded)
     print(banner(llm, args.engine.get("model"), sampling), flush=True)

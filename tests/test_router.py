@@ -1,9 +1,9 @@
-"""Data-parallel replicas behind sglang-router (``python -m minisgl --dp 2``): one launcher per module,
-two replicas of the tiny Llama on loopback (the router sees text, not the model: a tiny model starts
-and prefills fastest), OpenAI requests through the router (plain, streamed,
-aborted), cache-aware routing against round-robin on a shared-prefix workload, a replica killed with
-SIGKILL, and SIGTERM stopping the whole tree. The tests run in file order and share the launcher:
-the last two kill a replica and then the launcher."""
+"""Data-parallel replicas behind sglang-router (``python -m minisgl --dp 2``): one launcher per module, two
+replicas of the tiny Llama on loopback (the router sees text, not the model: a tiny model starts and
+prefills fastest), OpenAI requests through the router (plain, streamed, aborted), every route through
+the front behind the API key, cache-aware routing against round-robin on a shared-prefix workload, a
+replica killed with SIGKILL, and SIGTERM stopping the whole tree. The tests run in file order and share
+the launcher: the last two kill a replica and then the launcher."""
 
 from __future__ import annotations
 
@@ -126,6 +126,53 @@ def test_openai_requests_through_the_router(dp):
     unnamed = {"messages": msgs, "max_tokens": 2}  # the router forwards it with model "unknown"
     r = httpx.post(f"{ca.url}/v1/chat/completions", headers=HEADERS, timeout=60, json=unnamed)
     assert r.status_code == 200, f"a request without a model, through the router: {r.text}"
+
+
+# every route sglang-router 0.3.2 serves (its own and those it forwards) and ours; with --api-key each
+# answers 401 without the key, in OpenAI's shape, but /health (load balancers probe it, as on one server)
+ROUTES = [
+    ("GET", p)
+    for p in (
+        "/engine_metrics", "/v1/models", "/get_server_info", "/readiness", "/health_generate", "/liveness",
+        "/get_model_info", "/get_loads", "/workers", "/metrics", "/stats", "/v1/models/x", "/ha/status", "/wasm",
+        "/v1/responses/x", "/v1/conversations/x", "/no-such-route",
+    )
+] + [
+    ("POST", p)
+    for p in (
+        "/v1/chat/completions", "/v1/completions", "/generate", "/flush_cache", "/workers", "/v1/responses",
+        "/v1/embeddings", "/v1/rerank", "/v1/classify", "/v1/conversations", "/parse/reasoning",
+        "/parse/function_call", "/v1/tokenize", "/v1/detokenize", "/add_worker?url=http://127.0.0.1:1",
+    )
+]  # fmt: skip
+
+
+def test_every_route_wants_the_key(dp):
+    """The router listens on loopback only; the front checks the key on every route (the router itself
+    answered /engine_metrics, /v1/models, /get_server_info, /readiness and /health_generate without it)."""
+    ca, _ = dp
+    wrong = {"Authorization": "Bearer not-the-key"}
+    for method, path in ROUTES:
+        for headers in ({}, wrong):
+            r = httpx.request(method, f"{ca.url}{path}", headers=headers, json={}, timeout=30)
+            assert r.status_code == 401, f"{method} {path} without the key: {r.status_code} {r.text[:200]}"
+            assert r.json()["error"]["code"] == "invalid_api_key", (method, path, r.text)
+    assert httpx.get(f"{ca.url}/health", timeout=30).status_code == 200
+    assert httpx.get(f"{ca.url}/engine_metrics", headers=HEADERS, timeout=30).status_code == 200
+    # an error the router answers in plain text comes in OpenAI's shape
+    r = httpx.get(f"{ca.url}/no-such-route", headers=HEADERS, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_a_completion_without_a_model_is_served_through_the_router(dp):
+    """The router refuses a /v1/completions body without ``model`` in plain text (422); the front names
+    the model "unknown" for it, as the router does for chat, and the replica serves it."""
+    ca, _ = dp
+    body = {"prompt": "1, 2, 3,", "max_tokens": 2, "temperature": 0}
+    r = httpx.post(f"{ca.url}/v1/completions", headers=HEADERS, json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    r = httpx.post(f"{ca.url}/v1/completions", headers=HEADERS, json={"max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and "missing field `prompt`" in r.json()["error"]["message"], r.text
 
 
 def test_the_router_fields_of_generate(dp):
@@ -262,6 +309,16 @@ def test_dp_without_the_router_installed_says_how_to_get_it(monkeypatch, capsys)
     monkeypatch.setattr(importlib.util, "find_spec", hidden)
     assert dp.launch_dp(parse_args(["--dp", "2"]), ["--dp", "2"]) == 2
     assert "pip install 'minisgl[router]'" in capsys.readouterr().err
+
+
+def test_the_router_listens_on_loopback_only():
+    """Whatever --host the front serves on, the router's routes are reachable from this machine only."""
+    from minisgl.server import dp
+    from minisgl.server.args import parse_args
+
+    args = parse_args(["--dp", "2", "--host", "0.0.0.0", "--port", "30000", "--api-key", "k"])
+    cmd = dp.router_command(args, ["http://127.0.0.1:30001"], 41234)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "41234", cmd
 
 
 def test_replicas_share_the_cpu_cores(monkeypatch):

@@ -2,7 +2,9 @@
 
 ::
 
-    client ──HTTP──> sglang-router, on --host:--port (one process, Rust; cache-aware by default)
+    client ──HTTP──> the front, on --host:--port (front.py, a thread of the launcher: the API key, every route)
+                       │
+                     sglang-router, on a loopback port (one process, Rust; cache-aware by default)
                        ├──> replica 0: python -m minisgl --host 127.0.0.1 --port PORT+1
                        ├──> replica 1: python -m minisgl --host 127.0.0.1 --port PORT+2
                        ├──> ...        (each a whole server: API server, tokenizer, scheduler ranks, detokenizer)
@@ -16,16 +18,15 @@ The router (``pip install 'minisgl[router]'``) is SGLang's, unchanged: what it a
 (``protocol.GenerateRequest``, ``openai_routes.ROUTER_UNNAMED``).
 
 Lifecycle: replicas start first (the model resolved, i.e. converted, once before); the router starts
-once they all answer ``/health``, and "serving" is printed once the router counts every worker
-healthy. Ctrl-C / SIGTERM stops the router, then the replicas (each stops its own workers); a child
-also dies with the launcher (``PR_SET_PDEATHSIG``). A replica that dies is logged and routed around
-(the router retries a failed request on another worker and its health check drops the dead one);
-the launcher exits with code 1 when the router dies or no replica is left.
+once they all answer ``/health``, the front once the router counts every worker healthy, and then
+"serving" is printed. Ctrl-C / SIGTERM stops the front and the router, then the replicas (each stops
+its own workers); a child also dies with the launcher (``PR_SET_PDEATHSIG``). A replica that dies is
+logged and routed around (the router retries a failed request on another worker and its health check
+drops the dead one); the launcher exits with code 1 when the router dies or no replica is left.
 """
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 import os
@@ -35,7 +36,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from minisgl.process import free_port, setup_logging
+from minisgl.process import die_with_parent, free_port, setup_logging
 
 if TYPE_CHECKING:
     from minisgl.server.args import ServerArgs
@@ -84,20 +85,16 @@ def _visible_gpus() -> list[str]:
     return ids[: torch.cuda.device_count()]
 
 
-def _die_with_parent() -> None:  # in the child, before exec: SIGTERM when the launcher dies, even by SIGKILL
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+    # in the child, before exec: SIGTERM when the launcher dies, even by SIGKILL
+    return subprocess.Popen(cmd, env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
 
 
-def router_command(args: ServerArgs, urls: list[str]) -> list[str]:
-    """sglang-router's command line: the policy, the workers, and health checks every few seconds, so
-    a dead replica leaves the rotation in ~2 checks (its default is 60 s); its requests meanwhile are
-    retried on another replica."""
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port)]
+def router_command(args: ServerArgs, urls: list[str], port: int) -> list[str]:
+    """sglang-router's command line: on loopback ``port`` (the front, ``front.py``, is what clients
+    reach), the policy, the workers, and health checks every few seconds, so a dead replica leaves the
+    rotation in ~2 checks (its default is 60 s); its requests meanwhile are retried on another replica."""
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--worker-urls", *urls, "--policy", args.router_policy]
     cmd += ["--health-check-interval-secs", str(ROUTER_HEALTH_INTERVAL_S), "--health-failure-threshold", "2"]
     cmd += ["--worker-startup-check-interval", "1", "--shutdown-grace-period-secs", "5"]
@@ -143,6 +140,7 @@ def launch_dp(args: ServerArgs, argv: list[str]) -> int:
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     replicas: list[subprocess.Popen] = []
     router: subprocess.Popen | None = None
+    front = None
     old_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         # later flags win in argparse: the replica's own --dp, --host and --port override the launcher's
@@ -152,14 +150,22 @@ def launch_dp(args: ServerArgs, argv: list[str]) -> int:
         logger.info("starting %d replicas on ports %s", len(replicas), ports)
         if not _wait(lambda: all(_get(f"{u}/health", None) is not None for u in urls), replicas, None):
             return 1
-        router = _spawn(router_command(args, urls + args.worker_urls))
+        router_port = free_port()
+        router = _spawn(router_command(args, urls + args.worker_urls, router_port))
         everyone = len(urls) + len(args.worker_urls)
 
         def ready() -> bool:
-            got = _get(f"http://127.0.0.1:{args.port}/readiness", args.api_key) or {}
+            got = _get(f"http://127.0.0.1:{router_port}/readiness", args.api_key) or {}
             return got.get("healthy_workers") == everyone
 
         if not _wait(ready, replicas, router):
+            return 1
+        from minisgl.server.front import start_front
+
+        try:
+            front, _ = start_front(args.host, args.port, f"http://127.0.0.1:{router_port}", args.api_key)
+        except OSError as e:
+            logger.error("%s; stopping", e)
             return 1
         print(
             f"minisgl: serving at {args.url} (OpenAI API: {args.url}/v1) through sglang-router ({args.router_policy}) "
@@ -172,6 +178,8 @@ def launch_dp(args: ServerArgs, argv: list[str]) -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
+        if front is not None:
+            front.should_exit = True
         _stop([router] if router else [])  # first: no new request reaches a stopping replica
         _stop(replicas)
         signal.signal(signal.SIGTERM, old_term)

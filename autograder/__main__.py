@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-hidden", dest="hidden", action="store_false", help="leave out autograder/hidden/ (what students run)"
     )
     ap.add_argument("--timeout", type=float, help="cap every test's time limit (seconds)")
+    ap.add_argument("--memory-limit", type=float, help="GiB a test's processes may hold together (default 8)")
     ap.add_argument(
         "-k", dest="select", metavar="EXPR", help="only tests matching EXPR (pytest -k); scores count those"
     )
@@ -277,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
     ap.add_argument("--hint", action="store_true", help="print the labs' hints (how, in words) instead of grading")
     args = ap.parse_args(argv)
+    if args.memory_limit:
+        os.environ["MINISGL_AG_MEMORY_GIB"] = str(args.memory_limit)  # read by each lab's pytest process
     start = time.monotonic()
     try:
         if args.hint:

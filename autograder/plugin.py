@@ -26,7 +26,7 @@ import pytest
 from autograder.explain import explain
 from autograder.points import check_points, item_timeout, lab_of
 from autograder.results import Results
-from autograder.runner import OUTPUT_LIMIT, failed_report, run_forked
+from autograder.runner import MEMORY_LIMIT_GIB, OUTPUT_LIMIT, failed_report, run_forked
 
 ENGINE_SKIPPED = (
     "not implemented yet: the engine runs your component once the lab's functions are written (every unit "
@@ -41,6 +41,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ag-results", default=None, help="write per-test results (JSON) to this file")
     group.addoption("--ag-timeout", type=float, default=None, help="cap every test's time limit (seconds)")
     group.addoption("--ag-output-limit", type=int, default=OUTPUT_LIMIT, help="bytes a test may print")
+    group.addoption(
+        "--ag-memory-limit",
+        type=float,
+        default=float(os.environ.get("MINISGL_AG_MEMORY_GIB") or MEMORY_LIMIT_GIB),
+        help="GiB a test's processes may hold together (default: $MINISGL_AG_MEMORY_GIB, else 8)",
+    )
     group.addoption("--ag-progress", default=None, help="append a line per graded test to this file")
 
 

@@ -1,7 +1,8 @@
 """Running one test in a forked child (``--ag-isolate``), so the pytest process itself never
 imports student code: an infinite loop (killed at the test's timeout), a crash (``os._exit``, a
-segfault) or megabytes of prints (killed past ``--ag-output-limit``) fail that one test with a
-readable message and grading goes on.
+segfault), megabytes of prints (killed past ``--ag-output-limit``) or gigabytes of memory (killed past
+``--ag-memory-limit``, the test's processes together) fail that one test with a readable message and
+grading goes on.
 
 The child runs in its own process group and sends its pytest reports back as JSON through a pipe;
 its stdout/stderr go through another pipe the parent reads while it waits. Every report gets the
@@ -25,6 +26,9 @@ from autograder import pace
 from autograder.points import item_points, item_timeout, lab_of, short_name
 
 OUTPUT_LIMIT = 1 << 20  # bytes a test may print before it is stopped
+# resident memory a test's processes may hold together, shared libraries counted in each (a lab 10 or 11
+# engine test: the forked test, 2 ranks or a server's 3 processes, each with torch: ~1-2 GiB apiece)
+MEMORY_LIMIT_GIB = 8.0
 OUTPUT_KEEP = 4000  # bytes of a test's output kept for the report
 
 
@@ -144,6 +148,7 @@ def _timeout_message(item: pytest.Item, limit: float, at_pace: float, attempt: A
 
 def _attempt(item: pytest.Item, timeout: float) -> Attempt:
     limit = item.config.getoption("ag_output_limit")
+    memory_limit = item.config.getoption("ag_memory_limit") * 2**30
     sys.stdout.flush()
     sys.stderr.flush()
     result_r, result_w = os.pipe()
@@ -188,6 +193,13 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
                         "(or print less inside loops)"
                     )
                     break
+                held = _tree_rss(pid)
+                if held is not None and held > memory_limit:
+                    problem = (
+                        f"held more than {memory_limit / 2**30:g} GiB of memory ({held / 2**30:.1f} GiB) and was "
+                        "stopped: a list, dict or tensor that grows without end (a loop whose condition never changes?)"
+                    )
+                    break
             else:
                 time.sleep(0.01)
             if status is None:
@@ -220,6 +232,23 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
     if problem is None and not timed_out and not reports:
         problem = _describe_exit(status)
     return Attempt(reports, problem, timed_out, duration, cpu, output)
+
+
+def _tree_rss(pid: int) -> int | None:
+    """Resident bytes of process ``pid`` and every live process it started (None where psutil cannot tell)."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        total = 0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+    except Exception:
+        return None
 
 
 def _tree_cpu_seconds(pid: int) -> float | None:

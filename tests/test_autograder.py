@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from grading import ForkServer, Run, grade, run
 from mutants import KINDS, all_equivalents, all_hidden_mutants, all_mutants, lab_modules, randomized_partners
-from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MISBEHAVING
+from mutants.isolation import EXPECTED_FAILURES, EXPECTED_PASSES, MEMORY_GIB, MISBEHAVING
 from mutants.probes import ROUTES
 
 from autograder import pace
@@ -49,7 +49,8 @@ def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
     }
     # visible tests only: the isolation cases are about them (mutants/isolation.py lists them)
     misbehaving = str(MISBEHAVING.write(tmp / "misbehaving"))
-    jobs["misbehaving"] = ["lab01", "--impl", misbehaving, "--timeout", "4", "--no-hidden", *quick]
+    jobs["misbehaving"] = ["lab01", "--impl", misbehaving, "--timeout", "4", "--memory-limit", str(MEMORY_GIB)]
+    jobs["misbehaving"] += ["--no-hidden", *quick]
     partners = {module.STEM: module.RANDOMIZED for module in lab_modules()}
     for m in MUTANTS:  # unit tests, and only the engine tests that must fail (each costs seconds)
         selection = m.selection(partners[m.stem])

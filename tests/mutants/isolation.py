@@ -1,5 +1,6 @@
-"""A lab 01 submission that misbehaves in every way a grader must survive; only gqa_attention is
-correct (its four tests, 25 points, must still pass)."""
+"""A lab 01 submission that misbehaves in every way a grader must survive (an infinite loop, a
+segfault, sys.exit, a flood of prints, memory that grows without end, os._exit); only gqa_attention is
+correct (its four tests must still pass). It is graded with a memory limit of ``MEMORY_GIB``."""
 
 from mutants import Mutant
 
@@ -15,6 +16,8 @@ MISBEHAVING = Mutant(
         ),
         (
             "    x1, x2 = x.chunk(2, dim=-1)\n",
+            "    if x.shape[-1] == 4:  # apply_rotary_random's first call: memory that grows without end\n"
+            "        hoard = []\n        while True:\n            hoard.append(torch.ones(1 << 26))\n"
             "    for _ in range(5000):\n        print('x' * 1000)\n    x1, x2 = x.chunk(2, dim=-1)\n",
         ),
         (
@@ -25,6 +28,8 @@ MISBEHAVING = Mutant(
     must_fail=(),
 )
 
+MEMORY_GIB = 2.0
+
 # test -> a phrase its failure message must contain
 EXPECTED_FAILURES = {
     "rms_norm_fixed": "timed out",
@@ -32,6 +37,7 @@ EXPECTED_FAILURES = {
     "rope_inv_freq_default": "sys.exit(3)",
     "rope_inv_freq_llama3": "crashed (signal SIGSEGV)",
     "apply_rotary_fixed": "printed more than",
+    "apply_rotary_random": "of memory",
     "silu_and_mul": "exited with code 0",
 }
 EXPECTED_PASSES = (

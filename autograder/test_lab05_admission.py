@@ -90,6 +90,8 @@ def play(w: sim.Workload, what: str) -> sim.Run:
         got = sim.run(cls, w, watch=True)
     except sim.Violation as e:
         raise sim.Violation(f"{e}{where}") from None
+    except NotImplementedError:  # a stub's own message, as every untouched test says it
+        raise
     except AssertionError as e:
         raise AssertionError(f"the scheduler's memory checks failed with your policy: {e}{where}") from None
     except Exception as e:

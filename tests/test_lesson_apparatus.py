@@ -87,3 +87,35 @@ def test_numbers_md_is_current():
     assert numbers.main(["--check"]) == 0, "lessons/NUMBERS.md is stale: run python lessons/make_numbers.py"
     table = (LESSONS / "NUMBERS.md").read_text()
     assert "h200.json" in table, "NUMBERS.md lost the recorded H200 runs the lessons read"
+
+
+# a number that reports a measurement or a result: a decimal, or a number with a unit of time, memory,
+# throughput, a ratio or a share (spans of code and math are left out)
+_MEASURED = re.compile(
+    r"(?<![\w.$])(~?\d{1,3}(?:,\d{3})+|~?\d+(?:\.\d+)?)"
+    r"(\s?(?:ms|s|µs|us|ns|GB|GiB|MB|MiB|KB|KiB|tok/s|tokens/s|%|x|×|seconds|minutes|GB/s|TB/s))?(?![\w])"
+)
+_FACT = re.compile(r"<!--\s*facts?:(.*?)-->", re.S)  # <!-- facts: 141 GB, 4.8 TB/s (an H200's) -->
+
+
+def _measured(text: str) -> list[str]:
+    text = re.sub(r"`[^`]*`|\$[^$]*\$|<!--.*?-->", "", text, flags=re.S)
+    return [m.group(0) for m in _MEASURED.finditer(text) if "." in m.group(1) or m.group(2)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_measurements_in_prose_are_rendered_from_data(path: Path):
+    """A number in a lesson's prose that reports a measurement or a result is rendered from the variable
+    that holds it (``display(Markdown(f"..."))`` in a code cell), so a re-run cannot make the prose lie.
+    A static Markdown cell may state such a number only as a fact it names in a ``<!-- facts: ... -->``
+    comment (a card's bandwidth, a published figure, the lesson's time)."""
+    problems = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = "".join(cell["source"])
+        facts = " ".join(_FACT.findall(text))
+        loose = [n for n in _measured(text) if n.lstrip("~") not in facts]
+        if loose:
+            problems.append(f"cell {i}: {loose} (render them from the data, or name them in <!-- facts: ... -->)")
+    assert not problems, f"{path.name}: numbers in static prose:\n" + "\n".join(problems)

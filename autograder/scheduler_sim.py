@@ -49,6 +49,19 @@ class Reference(AdmissionPolicy):
     def reserved_len(self, req: Req) -> int:
         return req.max_device_len - 1
 
+    @staticmethod
+    def _starts(r: Req, ctx: AdmissionContext) -> bool:
+        """The contract's "can start": it does not wait for the batch's prefix and, its cached prefix
+        locked, needs no more pages than are left unpromised. Leaves it locked exactly when True."""
+        if ctx.waits_for_batch_prefix(r):
+            return False
+        ctx.match(r)
+        left = ctx.available_pages() - ctx.reserved_pages
+        fits = left >= ctx.pages_needed(r)
+        if not fits:
+            ctx.unmatch(r)
+        return fits
+
     def admit(self, waiting, ctx: AdmissionContext) -> None:
         order = list(waiting)
         self.passes = {r.uid: self.passes.get(r.uid, 0) for r in order}
@@ -64,15 +77,12 @@ class Reference(AdmissionPolicy):
             )  # sorted() is stable: oldest first within a rank
             pick = None
             for r in ranked:
-                if not ctx.waits_for_batch_prefix(r):
-                    ctx.match(r)
-                    if ctx.pages_needed(r) <= ctx.available_pages() - ctx.reserved_pages:
-                        pick = r
-                        break
-                    ctx.unmatch(r)
-                out.add(r.uid)
+                if self._starts(r, ctx):
+                    pick = r
+                    break
                 if self.passes[r.uid] >= self.AGING:
-                    return
+                    return  # an aged request cannot start: the call ends
+                out.add(r.uid)
             if pick is None:
                 return
             ctx.admit(pick)

@@ -656,7 +656,7 @@ def _generate(model, drafter: str | None, components: dict, params_list, max_ste
                     f"outputs never drafts or decodes again; (outputs, device_len - prompt_len) per request: {stuck}"
                 )
         sched.check_memory()
-        return [list(r.output_ids) for r in reqs], sched.spec.stats if sched.spec else None
+        return [list(r.output_ids) for r in reqs], spec.stats if (spec := sched.feature("speculative")) else None
     finally:
         llm.shutdown()
 

@@ -1,4 +1,5 @@
-"""The data model: sampling parameters, a request, a batch, and the error a bad request raises.
+"""The data model: sampling parameters, a request, a batch, a token a step yields, and the error a bad
+request raises.
 
 The life of a request, in lengths (positions are token indices in the request's sequence)::
 
@@ -56,7 +57,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
-    # what to report besides the tokens (minisgl/engine/logprobs.py): log-probabilities of the model's
+    # what to report besides the tokens (minisgl/logprobs/): log-probabilities of the model's
     # distribution after the grammar mask, before temperature / top-k / top-p (vLLM's default)
     logprobs: bool = False  # each output token's logprob
     top_logprobs: int = 0  # and the this many most likely tokens at each step (0..MAX_TOP_LOGPROBS)
@@ -66,7 +67,7 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None  # a grammar in xgrammar's EBNF, with a ``root`` rule
     # with --speculative-algorithm: False opts this request out (it decodes one token per step). Requests
-    # with a grammar or logprobs never draft either (minisgl/scheduler/speculate.py)
+    # that sample plainly (``plain_sampling``) never draft either (minisgl/speculative/feature.py)
     speculative: bool = True
 
     def validate(self) -> None:
@@ -103,6 +104,12 @@ class SamplingParams:
     @property
     def wants_logprobs(self) -> bool:
         return self.logprobs or self.top_logprobs > 0
+
+    @property
+    def plain_sampling(self) -> bool:
+        """Every sampled token is computed on (a grammar's mask, its logprob): the request samples one
+        token a step, as a decode step does (it never drafts)."""
+        return self.grammar is not None or self.wants_logprobs
 
     @property
     def is_greedy(self) -> bool:
@@ -231,6 +238,20 @@ class Req:
         self.finish_reason, self.table_idx = reason, -1
 
 
+@dataclass
+class TokenEvent:
+    """One sampled token of a request; ``finish_reason`` is set on its last one."""
+
+    uid: int
+    token_id: int
+    finish_reason: str | None = None
+    # with SamplingParams.logprobs / top_logprobs: this token's logprob and the most likely tokens'
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    # with SamplingParams.prompt_logprobs_from (on the first token): (logprob, top) per scored prompt token
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+
 @dataclass(eq=False)
 class Batch:
     """One forward pass. ``reqs[i]`` extends positions ``[starts[i], ends[i])``.
@@ -254,8 +275,8 @@ class Batch:
     attn_metadata: Any = None
     padded_size: int = 0  # >= len(reqs) when a CUDA graph pads the batch
     riders: int = 0  # the last ``riders`` rows of a prefill batch are decoding requests' next tokens
-    extras: Any = None  # logprobs to compute, rows to mask (minisgl/scheduler/extras.py); None: neither
-    spec: Any = None  # a verify pass's drafts (minisgl/scheduler/speculate.py); None: not a verify pass
+    features: dict[str, Any] = field(default_factory=dict)  # per-batch state of each feature (minisgl/feature.py)
+    label: str | None = None  # a feature's own kind of pass (speculative decoding's "verify"), else None
 
     @property
     def size(self) -> int:

@@ -106,20 +106,19 @@ class LLM:
     def _run(self, ids, params, texts, use_tqdm: bool) -> list[RequestOutput]:
         sched = self.scheduler
         uids = [next(self._uids) for _ in ids]
-        reqs: list = []
-        try:  # validate all first; a grammar that does not compile is refused too (they compile together)
+        reqs = []
+        try:  # validate all first; a constraint that does not compile is refused too (they compile together)
             for u, i, p in zip(uids, ids, params):
                 reqs.append(sched.make_request(u, i, p))
-            for req in reqs:
-                if (err := sched.extras.grammar.error(req)) is not None:
-                    raise err
+                sched.offered.add(reqs[-1])
+            refused = sched.offered.admit(wait=True, together=True)  # all of them queued, or none
         except BaseException:
-            for req in reqs:  # the compiles of a refused call stop
-                sched.extras.grammar.abandon(req)
+            for u in uids:  # the compiles of a refused call stop
+                sched.abort(u)
             raise
+        if refused:
+            raise refused[0][1]
         outputs = {u: RequestOutput(t, i) for u, i, t in zip(uids, ids, texts)}
-        for req in reqs:
-            sched.add(req)
         bar = None
         if use_tqdm and len(ids) > 1:
             from tqdm import tqdm

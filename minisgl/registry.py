@@ -53,6 +53,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def ordered(self) -> list[str]:
+        """The names in the order they were registered."""
+        return list(self._entries)
+
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
 

@@ -129,7 +129,7 @@ def test_unsplit_decode_graphs_match_torch(gpu_models, references, model, page, 
 
 def test_speculative_verify_replays_decode_graphs(gpu_models):
     """A verify pass runs as a decode batch with one row per position (``decode_rows`` in
-    scheduler/speculate.py), so with CUDA graphs on it replays the decode graph of that many rows. Drafts
+    speculative/feature.py), so with CUDA graphs on it replays the decode graph of that many rows. Drafts
     are the plain engine's tokens with every third one wrong (steps accept all, some or none); the greedy
     tokens equal the plain engine's (same flags) until a bf16 near-tie of the plain run's logits."""
     from minisgl.speculative import DRAFTERS, Drafter
@@ -153,10 +153,10 @@ def test_speculative_verify_replays_decode_graphs(gpu_models):
         )  # fmt: skip
         runner, replayed = llm.scheduler.engine.graph_runner, []
         replay = runner.replay
-        runner.replay = lambda batch: replayed.append(batch.spec is not None) or replay(batch)
+        runner.replay = lambda batch: replayed.append(batch.label == "verify") or replay(batch)
         outs = llm.generate(ps[:3], params, use_tqdm=False) + llm.generate(ps[3:], params, use_tqdm=False)
     llm.scheduler.check_memory()
-    stats = llm.scheduler.spec.stats
+    stats = llm.scheduler.feature("speculative").stats
     assert sum(replayed) > 0, "no verify pass replayed a decode graph"
     assert 0 < stats.accepted_tokens < stats.draft_tokens, stats
     for p, o, want in zip(ps, outs, ref_tokens):

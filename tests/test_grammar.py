@@ -154,7 +154,7 @@ def test_unconstrained_tokens_do_not_change_with_constrained_neighbours(tiny_lla
     outs = llm.generate(free + [[9, 8, 7], [7, 8, 9, 10]], [sp] * 3 + con, use_tqdm=False)
     assert [o.token_ids for o in outs[:3]] == alone
     assert re.fullmatch(r"[0-9]{3,20}", outs[3].text) or (outs[3].finish_reason == "length" and outs[3].text.isdigit())
-    assert llm.scheduler.extras.grammar._reqs == {}, "finished requests release their matchers"
+    assert llm.scheduler.feature("grammar")._reqs == {}, "finished requests release their matchers"
 
 
 def test_retraction_and_abort_keep_grammars_consistent(tiny_llama):
@@ -176,7 +176,7 @@ def test_retraction_and_abort_keep_grammars_consistent(tiny_llama):
     assert sched.abort(10_000)
     while sched.has_work:
         sched.step()
-    assert sched.extras.grammar._reqs == {}
+    assert sched.feature("grammar")._reqs == {}
     sched.check_memory()
 
 

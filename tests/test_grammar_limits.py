@@ -145,8 +145,23 @@ class SlowBackend(GrammarBackend):
         raise NotImplementedError
 
 
+_EARLIER: set[int] = set()  # children the test process had before this test (an earlier test's server, say)
+
+
+@pytest.fixture(autouse=True)
+def _count_only_this_tests_children():
+    _EARLIER.clear()
+    _EARLIER.update(p.pid for p in psutil.Process(os.getpid()).children())
+    yield
+
+
 def children() -> list[int]:
-    return [p.pid for p in psutil.Process(os.getpid()).children() if p.status() != psutil.STATUS_ZOMBIE]
+    """The live processes this test's compiles forked (not those an earlier test left running)."""
+    return [
+        p.pid
+        for p in psutil.Process(os.getpid()).children()
+        if p.pid not in _EARLIER and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_a_compile_past_its_time_limit_is_refused_and_its_process_killed():

@@ -189,10 +189,10 @@ def test_the_observer_reports_every_batch(tiny_llama):
 
 def test_no_observer_no_events(tiny_llama, monkeypatch):
     """Without observers, no event is ever built (zero cost)."""
-    import minisgl.scheduler.scheduler as scheduler
+    import minisgl.scheduler.events as events
 
     def fail(*args):
         raise AssertionError("a batch event was built with no observer")
 
-    monkeypatch.setattr(scheduler, "batch_event", fail)
+    monkeypatch.setattr(events, "batch_event", fail)
     assert run(tiny_llama)

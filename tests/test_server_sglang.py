@@ -238,7 +238,7 @@ def test_sglang_flags_become_ours():
     "argv, says",
     [
         (["--mem-fraction-static", "0.8"], "--memory-ratio"),
-        (["--attention-backend", "triton"], "--attention-backend triton: unknown"),
+        (["--attention-backend", "flashmla"], "--attention-backend flashmla: unknown"),
         (["--attention-backend", "torch,flashmla"], "--attention-backend torch,flashmla: unknown"),
         (["--chunked-prefill-size", "0"], "-1 for no chunking"),
         (["--chunked-prefill-size", "64", "--max-prefill-length", "32"], "give one of --chunked-prefill-size"),

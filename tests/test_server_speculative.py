@@ -117,10 +117,11 @@ def test_stats_and_metrics_report_acceptance(server, plain):
 
 def test_a_seeded_request_gets_its_tokens_beside_a_logprobs_request(server):
     """Speculation is decided per request: a seeded sampled request drafts beside a request that asks
-    for logprobs (which never drafts) as it does alone, so its tokens are the same."""
+    for logprobs (which never drafts) as it does alone, so its tokens are the same. The neighbour asks for
+    1,000 tokens (the tiny model allows 1,024) so that it still runs when the 24-token request ends."""
 
     def generate(ids, logprobs=False, **sampling) -> dict:
-        sampling = {"max_new_tokens": 200 if logprobs else N_NEW, "ignore_eos": True, **sampling}
+        sampling = {"max_new_tokens": 1000 if logprobs else N_NEW, "ignore_eos": True, **sampling}
         body = {"input_ids": ids, "sampling_params": sampling, "return_logprob": logprobs}
         r = httpx.post(f"{server.url}/generate", json=body, headers=server.headers, timeout=120)
         assert r.status_code == 200, r.text

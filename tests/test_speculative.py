@@ -1,4 +1,4 @@
-"""Speculative decoding (minisgl/speculative/, minisgl/scheduler/speculate.py): the n-gram drafter, the
+"""Speculative decoding (minisgl/speculative/, minisgl/speculative/feature.py): the n-gram drafter, the
 verifier's rule at its boundaries, greedy exactness against the plain engine on every path (so against
 HF: tests/test_parity.py), the sampled distribution by a chi-square test, and the server's flags and stats.
 
@@ -191,7 +191,7 @@ def test_greedy_exact_on_every_path(model, path_name, tiny_llama, tiny_qwen3, pl
         outs = llm.generate(ps, params, use_tqdm=False)
         # a second wave: cache hits on what the first inserted (only accepted tokens' KV may be there)
         again = llm.generate(ps[:2], SamplingParams(max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)
-    stats = llm.scheduler.spec.stats
+    stats = llm.scheduler.feature("speculative").stats
     want = [refs[0], refs[1], refs[2][: refs[2].index(refs[2][9]) + 1], refs[3], refs[4][:7], refs[5]]
     for i, (o, w) in enumerate(zip(outs, want)):
         assert o.token_ids == w, f"prompt {i} ({path_name}): speculative tokens differ from plain decoding"
@@ -217,7 +217,7 @@ def test_verify_passes_run_the_cpu_decode_layer_and_equal_plain_decoding(dtype, 
 
     def recording(model, positions, x):
         out = run_layers(model, positions, x)
-        if get_ctx().batch.spec is not None:
+        if get_ctx().batch.label == "verify":
             verify.append(out is not None)
         return out
 
@@ -232,7 +232,7 @@ def test_verify_passes_run_the_cpu_decode_layer_and_equal_plain_decoding(dtype, 
         verify.clear()
         got = {tuple(p): llm.generate([p], sp, use_tqdm=False)[0].token_ids for p in ps}
     assert got == REFS, f"{dtype}: speculative tokens differ from plain decoding"
-    stats = llm.scheduler.spec.stats
+    stats = llm.scheduler.feature("speculative").stats
     assert len(verify) == stats.verify_rows > 0 and all(verify), f"verify passes not in the C++ layer: {verify}"
     assert 0 < stats.accepted_tokens < stats.draft_tokens
 
@@ -257,7 +257,9 @@ def test_ngram_exact_and_abort_mid_run(tiny_llama, plain_refs):
     params = [SamplingParams(max_tokens=N_NEW, ignore_eos=True, speculative=i != 1) for i in range(len(ps))]
     outs = llm.generate(ps, params, use_tqdm=False)
     assert [o.token_ids for o in outs] == refs
-    assert calls and llm.scheduler.spec.stats.accepted_tokens > 0, "the repetitive prompt should draft and accept"
+    assert calls and llm.scheduler.feature("speculative").stats.accepted_tokens > 0, (
+        "the repetitive prompt should draft and accept"
+    )
     sched = llm.scheduler
     req = sched.add_request(999, ps[3], SamplingParams(max_tokens=N_NEW, ignore_eos=True))
     while len(req.output_ids) < 3:
@@ -278,13 +280,15 @@ def test_a_seeded_request_gets_its_tokens_beside_any_neighbour(tiny_llama, algor
     prompt = [5] * 30  # repetitive: the n-gram drafter finds drafts at every step
     sp = SamplingParams(temperature=0.5, top_k=2, seed=7, max_tokens=24, ignore_eos=True)
     alone = llm.generate([prompt], sp, use_tqdm=False)[0].token_ids
-    assert not algorithm or llm.scheduler.spec.stats.verify_rows > 0, "alone, the request should draft"
+    assert not algorithm or llm.scheduler.feature("speculative").stats.verify_rows > 0, (
+        "alone, the request should draft"
+    )
     neighbours = {
         "logprobs": SamplingParams(max_tokens=24, ignore_eos=True, logprobs=True, top_logprobs=2),
         "grammar": SamplingParams(max_tokens=24, regex="[a-z ]{1,80}"),
     }
     for name, other in neighbours.items():
-        verified = llm.scheduler.spec.stats.verify_rows if algorithm else 0
+        verified = llm.scheduler.feature("speculative").stats.verify_rows if algorithm else 0
         other_alone = llm.generate([[9, 8, 7, 6]], other, use_tqdm=False)[0]
         outs = llm.generate([prompt, [9, 8, 7, 6]], [sp, other], use_tqdm=False)
         assert outs[0].token_ids == alone, f"beside a {name} request the seeded request's tokens changed"
@@ -296,7 +300,9 @@ def test_a_seeded_request_gets_its_tokens_beside_any_neighbour(tiny_llama, algor
         else:
             assert re.fullmatch("[a-z ]*", outs[1].text), outs[1].text
         if algorithm:
-            assert llm.scheduler.spec.stats.verify_rows > verified, f"it did not draft beside the {name} request"
+            assert llm.scheduler.feature("speculative").stats.verify_rows > verified, (
+                f"it did not draft beside the {name} request"
+            )
 
 
 def test_tp2_greedy_exact(tiny_llama, plain_refs):
@@ -305,7 +311,7 @@ def test_tp2_greedy_exact(tiny_llama, plain_refs):
     try:
         outs = llm.generate(prompts(), SamplingParams(max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)
         assert [o.token_ids for o in outs] == plain_refs[tiny_llama]
-        assert llm.scheduler.spec.stats.accepted_tokens > 0
+        assert llm.scheduler.feature("speculative").stats.accepted_tokens > 0
     finally:
         llm.shutdown()
 
@@ -347,7 +353,7 @@ def test_sampled_engine_follows_the_plain_distribution(small_vocab_llama):
     n = 600
     params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=3, seed=s, ignore_eos=True) for s in range(n)]
     outs = llm.generate([prompt] * n, params, use_tqdm=False)
-    st = llm.scheduler.spec.stats
+    st = llm.scheduler.feature("speculative").stats
     assert 0 < st.accepted_tokens < st.draft_tokens == n, f"the draft should be accepted sometimes: {st}"
     seen: dict[int, int] = {}
     for o in outs:
@@ -372,9 +378,9 @@ def test_config_and_registries():
 def test_server_flags_stats_and_metrics(capsys):
     from prometheus_client import generate_latest
 
-    from minisgl.scheduler.speculate import SpecStats, spec_stats
     from minisgl.server.args import parse_args
     from minisgl.server.metrics import ServerMetrics
+    from minisgl.speculative.feature import SpecStats, spec_stats
 
     args = parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "3"])
     assert args.engine["speculative_algorithm"] == "NGRAM" and args.engine["speculative_num_draft_tokens"] == 3

@@ -1,4 +1,4 @@
-"""Speculative decoding's back-off (minisgl/scheduler/spec_backoff.py): a request whose drafts keep being
+"""Speculative decoding's back-off (minisgl/speculative/backoff.py): a request whose drafts keep being
 rejected stops asking its drafter for a while, is asked again once the wait is over, and drafts at every step
 again after an accepted draft; the tokens stay the plain engine's (float32, greedy), and no per-request
 state outlives a request (finished, aborted, retracted)."""
@@ -10,8 +10,8 @@ import random
 import pytest
 
 from minisgl import LLM, SamplingParams
-from minisgl.scheduler.spec_backoff import FIRST_WAIT, Backoff
 from minisgl.speculative import DRAFTERS, Drafter
+from minisgl.speculative.backoff import FIRST_WAIT, Backoff
 
 VOCAB = 49152
 N_NEW = 40
@@ -98,7 +98,7 @@ def test_always_wrong_drafter_stops_being_asked(tiny_llama, refs, max_wait):
     assert out.token_ids == refs[tuple(p)], "back-off changed the tokens"
     asked = [n for _, n, _ in Scripted.calls]
     assert asked == expected_calls(N_NEW, max_wait), f"asked at output counts {asked}"
-    st = llm.scheduler.spec.stats
+    st = llm.scheduler.feature("speculative").stats
     assert st.accepted_tokens == 0 and st.verify_rows == len(asked)
 
 
@@ -131,14 +131,14 @@ def test_drafter_that_becomes_right_is_asked_again(tiny_llama, refs):
             assert n2 == n + len(d) + 1, f"request {name}: accepted {d} at {n}, but was next asked at {n2}"
     a_first_ok = next(n for n, _ in by["A"] if n >= 12)
     assert a_first_ok in expected_calls(N_NEW, 64), "A should come back when its wait ended"
-    assert not sched.spec.backoff.state, "per-request state left behind"
+    assert not sched.feature("speculative").backoff.state, "per-request state left behind"
     assert sorted(Scripted.released) == [0, 1, 2, 3], "release once per finished request"
 
 
 def test_no_state_left_after_abort(tiny_llama, refs):
     ps = prompts()
     llm = scripted_llm(tiny_llama, refs, right=lambda req: req.uid % 2 == 0)
-    sched, spec = llm.scheduler, llm.scheduler.spec
+    sched, spec = llm.scheduler, llm.scheduler.feature("speculative")
     params = SamplingParams(max_tokens=N_NEW, ignore_eos=True)
     reqs = [sched.add_request(i, p, params) for i, p in enumerate(ps)]
     victim = reqs[3]  # always-wrong drafts: backing off when aborted
@@ -160,7 +160,7 @@ def test_no_state_left_after_retraction(tiny_llama, refs):
     """A pool of 72 pages makes this run retract a request (checked); odd requests back off."""
     ps = prompts()
     llm = scripted_llm(tiny_llama, refs, right=lambda req: req.uid % 2 == 0, num_pages=72)
-    sched, spec = llm.scheduler, llm.scheduler.spec
+    sched, spec = llm.scheduler, llm.scheduler.feature("speculative")
     outs = llm.generate(ps, SamplingParams(max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)
     assert sched.stats.retracted > 0, "the small pool should have forced a retraction"
     assert [o.token_ids for o in outs] == [refs[tuple(p)] for p in ps], "tokens differ from plain decoding"

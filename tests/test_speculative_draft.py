@@ -61,10 +61,10 @@ def test_target_as_its_own_draft_accepts_everything(model, tiny_llama, tiny_qwen
     path = tiny_llama if model == "llama" else tiny_qwen3
     llm = spec_llm(path, path)
     assert run(llm) == plain[path], "self-drafting changed the tokens"
-    st = llm.scheduler.spec.stats
+    st = llm.scheduler.feature("speculative").stats
     assert st.draft_tokens > 0 and st.accepted_tokens == st.draft_tokens, f"the target's own drafts: {st}"
     assert st.accept_length > 4, "k = 4 drafts, all accepted, plus the bonus (shorter near max_tokens)"
-    assert not llm.scheduler.spec.drafter.state, "draft KV left behind"
+    assert not llm.scheduler.feature("speculative").drafter.state, "draft KV left behind"
 
 
 @pytest.mark.parametrize("path", ["plain-loop", "overlap-page4-chunk8"])
@@ -72,9 +72,9 @@ def test_other_draft_model_gives_the_plain_tokens(path, tiny_llama, other_llama,
     kw = dict(page_size=4, components={"loop": "overlap"}, max_prefill_length=8) if path != "plain-loop" else {}
     llm = spec_llm(tiny_llama, other_llama, speculative_backoff=0, **kw)  # drafts at every step
     assert run(llm) == plain[tiny_llama]
-    st = llm.scheduler.spec.stats
+    st = llm.scheduler.feature("speculative").stats
     assert st.draft_tokens > 0 and st.accepted_tokens < st.draft_tokens, f"another model should miss: {st}"
-    assert not llm.scheduler.spec.drafter.state
+    assert not llm.scheduler.feature("speculative").drafter.state
 
 
 class FirstLayer(DraftModelDrafter):
@@ -107,7 +107,7 @@ def test_partial_acceptance_keeps_the_draft_cache_right(tiny_llama, plain):
             speculative_draft_model_path=str(tiny_llama), speculative_backoff=0,
         )  # fmt: skip
     assert run(llm) == plain[tiny_llama]
-    st = llm.scheduler.spec.stats
+    st = llm.scheduler.feature("speculative").stats
     assert 0 < st.accepted_tokens < st.draft_tokens, f"the first layer should be partly right: {st}"
     assert checked
 
@@ -117,7 +117,7 @@ def test_abort_retraction_and_batch_leave_no_state(tiny_llama, plain):
     draft KV."""
     llm = spec_llm(tiny_llama, tiny_llama, num_pages=96)
     sched, ps, refs = llm.scheduler, prompts(), plain[tiny_llama]
-    drafter = sched.spec.drafter
+    drafter = sched.feature("speculative").drafter
     most = 0
 
     def step():
@@ -139,7 +139,7 @@ def test_abort_retraction_and_batch_leave_no_state(tiny_llama, plain):
     for i, (r, ref) in enumerate(zip(reqs, refs)):
         want = ref if r is not victim else ref[: len(r.output_ids)]
         assert r.output_ids == want, f"request {i}: tokens differ from plain decoding"
-    assert not drafter.state and not sched.spec.backoff.state
+    assert not drafter.state and not sched.feature("speculative").backoff.state
 
 
 def test_config_errors(tiny_llama, tmp_path_factory):

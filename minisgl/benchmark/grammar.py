@@ -54,7 +54,7 @@ ENGINE_FLAGS = ["model", "dummy_weight", "dtype", "page_size", "attention_backen
 def compile_times(llm) -> dict[str, float]:
     """Seconds: the backend's start (importing xgrammar, the tokenizer's vocabulary tables; once per
     engine, with a one-character regex), the benchmark's schema, another schema, the first again."""
-    grammar = llm.scheduler.extras.grammar
+    grammar = llm.scheduler.feature("grammar")
     out = {}
     specs = [("backend", ("regex", "a")), ("schema", None), ("another", None), ("cached", None)]
     for (name, spec), schema in zip(specs, (None, SCHEMA, OTHER, SCHEMA)):
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     if llm.tokenizer is None:  # dummy weights by architecture name: grammars need a vocabulary, so the
         from minisgl.models.embedded import embedded_model_path  # embedded model's (its ids < 49,152) stands in
 
-        llm.scheduler.extras.grammar.model_path = embedded_model_path()
+        llm.scheduler.feature("grammar").model_path = embedded_model_path()
     compiled = compile_times(llm)
     print("compile: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in compiled.items()))
     if llm.tokenizer is not None and getattr(llm.tokenizer, "chat_template", None):
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     run(llm, prompts[:2], "half", 4)  # warm-up
     times: dict[str, list[float]] = {m: [] for m in modes}
     tokens, masks = {}, {}
-    timer = MaskTimer(llm.scheduler.extras.grammar)
+    timer = MaskTimer(llm.scheduler.feature("grammar"))
     for _ in range(args.rounds):  # the modes take turns, so drifting load hits each alike
         for m in modes:
             before = timer.seconds, timer.calls

@@ -61,7 +61,7 @@ def main() -> None:
         counts, outs = [0, 0, 0], {}
         for r in range(args.rounds + 1):  # round 0 warms up (graphs, kernels, caches)
             for name, llm in engines.items():
-                s = llm.scheduler.spec.stats if llm.scheduler.spec else None
+                s = spec.stats if (spec := llm.scheduler.feature("speculative")) else None
                 before = (s.verify_rows, s.draft_tokens, s.accepted_tokens) if s else (0, 0, 0)
                 sync()
                 t = time.perf_counter()

@@ -82,7 +82,7 @@ def runner(dtype: str, tokens: int, spec: str | None, k: int, backoff: int = 64,
         t0 = clocks()
         llm.generate([ids[workload]], one, use_tqdm=False)
         t1 = clocks()
-        s = llm.scheduler.spec.stats if llm.scheduler.spec else None
+        s = spec.stats if (spec := llm.scheduler.feature("speculative")) else None
         before = (s.verify_rows, s.draft_tokens, s.accepted_tokens) if s else (0, 0, 0)
         out = llm.generate([ids[workload]], SamplingParams(max_tokens=tokens, ignore_eos=True), use_tqdm=False)
         t2 = clocks()

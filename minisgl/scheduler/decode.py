@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from minisgl.core import Req
 
 
@@ -10,11 +8,9 @@ class DecodeManager:
 
     def __init__(self):
         self.running: dict[Req, None] = {}  # insertion-ordered set
-        # of those, requests whose verify pass (speculate.py) is not processed: their counters are provisional
+        # of those, requests a feature's own pass has in flight (a verify pass, minisgl/feature.py): their
+        # counters are provisional until it is processed, so no batch plans them
         self.held: set[Req] = set()
-        # called with every request removed (finished, aborted or retracted): per-request state kept
-        # elsewhere (speculative decoding's, speculate.py) is dropped there
-        self.on_remove: list[Callable[[Req], None]] = []
 
     def add(self, req: Req) -> None:
         self.running[req] = None
@@ -22,8 +18,6 @@ class DecodeManager:
     def remove(self, req: Req) -> None:
         self.running.pop(req, None)
         self.held.discard(req)
-        for fn in self.on_remove:
-            fn(req)
 
     def schedule(self) -> list[Req]:
         return [r for r in self.running if r.can_decode and r not in self.held]

@@ -1,25 +1,15 @@
 """What the scheduler reports: a token per request per step (``TokenEvent``), a record per batch
-for observers (``BatchEvent``), and prefix-cache counters (``CacheStats``)."""
+for observers (``BatchEvent``, made by a ``Recorder``), and prefix-cache counters (``CacheStats``)."""
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-
-@dataclass
-class TokenEvent:
-    """One sampled token of a request; ``finish_reason`` is set on its last one."""
-
-    uid: int
-    token_id: int
-    finish_reason: str | None = None
-    # with SamplingParams.logprobs / top_logprobs: this token's logprob and the most likely tokens'
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-    # with SamplingParams.prompt_logprobs_from (on the first token): (logprob, top) per scored prompt token
-    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+from minisgl.core import TokenEvent  # (its home: what a step yields, next to the request)
 
 
 @dataclass
@@ -31,7 +21,7 @@ class BatchEvent:
     runs asynchronously after that), its tokens were processed."""
 
     index: int  # batches run so far, from 0
-    kind: Literal["prefill", "decode", "verify"]  # verify: speculative decoding's pass (scheduler/speculate.py)
+    kind: str  # "prefill", "decode", or a feature's own pass (``Batch.label``, e.g. "verify")
     uids: list[int]
     starts: list[int]  # request i computes positions [starts[i], ends[i])
     ends: list[int]
@@ -68,12 +58,20 @@ class CacheStats:
     prefill_tokens: int = 0  # tokens computed by prefill batches
     retracted: int = 0  # times a running request was sent back to wait because memory ran out
 
+    def count(self, extends: list[Any]) -> None:
+        """A prefill batch's extends (``admission.Extend``) were scheduled."""
+        for x in extends:
+            self.prefill_tokens += x.end - x.start
+            if x.start == x.req.hit_len and x.req.epoch == 0:  # first chunk of a newly admitted request
+                self.prompt_tokens += x.req.prompt_len
+                self.hit_tokens += x.req.hit_len
+
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def batch_event(sched: Any, batch: Any, index: int) -> BatchEvent:
+def batch_event(sched: Any, batch: Any, index: int, t_scheduled: float) -> BatchEvent:
     """The record of a batch just prepared (``Scheduler.prepare``; ``sched`` is the scheduler)."""
     p, cache = sched.page_size, sched.cache.cache
     cached = (cache.evictable_size + cache.protected_size) // p
@@ -81,7 +79,7 @@ def batch_event(sched: Any, batch: Any, index: int) -> BatchEvent:
     hits = sum(r.hit_len for r, s in zip(batch.reqs, batch.starts) if batch.is_prefill and s == r.hit_len)
     return BatchEvent(
         index=index,
-        kind="verify" if batch.spec is not None else batch.phase,
+        kind=batch.label or batch.phase,
         uids=[r.uid for r in batch.reqs],
         starts=list(batch.starts),
         ends=list(batch.ends),
@@ -92,6 +90,37 @@ def batch_event(sched: Any, batch: Any, index: int) -> BatchEvent:
         pages_free=free,
         num_waiting=sched.num_waiting,
         num_running=sched.num_running,
-        t_scheduled=sched._t_schedule,
+        t_scheduled=t_scheduled,
         retracted=sched._retracted,
     )
+
+
+class Recorder:
+    """The scheduler's batch events, handed to its ``observers`` once each batch was processed. With no
+    observer nothing is built (a step pays nothing)."""
+
+    def __init__(self):
+        self.observers: list[BatchObserver] = []
+        self._events: deque[BatchEvent] = deque()  # prepared, not yet processed
+        self._count, self._t_scheduled = 0, 0.0
+
+    def scheduling(self) -> None:
+        if self.observers:
+            self._t_scheduled = time.perf_counter()
+
+    def prepared(self, sched: Any, batch: Any) -> None:
+        if self.observers:
+            self._events.append(batch_event(sched, batch, self._count, self._t_scheduled))
+            self._count += 1
+
+    def launched(self) -> None:
+        if self.observers:
+            self._events[-1].t_launched = time.perf_counter()
+
+    def processed(self, tokens: list[TokenEvent]) -> None:
+        if self.observers and self._events:
+            ev = self._events.popleft()
+            ev.t_done = time.perf_counter()
+            ev.finished = {e.uid: e.finish_reason for e in tokens if e.finish_reason is not None}
+            for observe in self.observers:
+                observe(ev)

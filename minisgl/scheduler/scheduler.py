@@ -15,14 +15,14 @@ get one decode step before the next chunk (``chunking.py``). When a batch needs 
 are free or evictable (the admission policy reserved less than requests grew to), the newest
 running requests are *retracted*: their KV goes to the prefix cache, and they wait again, first in
 line, keeping their outputs (a token of theirs still in flight is dropped and generated again).
+What a request asks besides its tokens is a ``Feature``'s business (``minisgl/feature.py``), called at
+fixed points of these phases.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -31,20 +31,16 @@ from minisgl.core import Batch, Req, RequestError, SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.engine.sample import SamplingInfo
-from minisgl.grammar.manager import GrammarManager
+from minisgl.feature import Feature, HookList, Offered, build_features, release
 from minisgl.kvcache import ragged_index
 from minisgl.scheduler.admission import ADMISSION_POLICIES, Extend
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.chunking import CHUNKING_POLICIES
 from minisgl.scheduler.decode import DecodeManager
-from minisgl.scheduler.events import BatchEvent, BatchObserver, CacheStats, TokenEvent, batch_event
-from minisgl.scheduler.extras import RequestExtras
+from minisgl.scheduler.events import BatchObserver, CacheStats, Recorder, TokenEvent
 from minisgl.scheduler.loop import LOOPS
 from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.requests import make_request
-from minisgl.scheduler.speculate import SpecManager
-
-logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -62,26 +58,23 @@ class Scheduler:
         self.prefill = PrefillManager(self.cache, self.table, budgets, self.admission, self.chunking)
         self.decode = DecodeManager()
         self.loop = LOOPS.get(config.loop)(self)
-        self.spec = SpecManager.create(config, e, self.decode)  # None unless --speculative-algorithm
         self.reqs: dict[int, Req] = {}
         self.eos_ids: set[int] = set(e.model_config.eos_token_ids)
-        path = getattr(e, "model_path", None)  # (a fake engine, autograder/scheduler_sim.py, has none)
-        grammar = GrammarManager(parts.grammar, path, e.model_config.vocab_size, lambda: self.eos_ids, config.tp_rank)
-        self.extras = RequestExtras(grammar, self.device)  # logprobs and grammars
+        self.features: list[Feature] = build_features(config, e, self)  # what requests ask besides tokens
+        # made, not yet queued: waiting for the features' work to be done (see feature.py)
+        self.offered = Offered(self.features, self.add)
         self.stats = CacheStats()
-        self.observers: list[BatchObserver] = []  # called with a BatchEvent per processed batch
+        self.recorder = Recorder()
+        self.observers: list[BatchObserver] = self.recorder.observers  # called with each processed batch's event
         if hasattr(self.chunking, "observe"):  # AdaptiveChunking measures the steps it sizes
             self.chunking.target_s = config.step_time or self.chunking.target_s
             self.observers.append(self.chunking.observe)
         self._after_chunk = False
         self._sampled: tuple[torch.Tensor, torch.Tensor] | None = None
         self._seed_rng = random.Random(config.seed)
-        self._events: deque[BatchEvent] = deque()  # prepared, not yet processed (observers only)
         self._retracted: list[int] = []  # uids retracted while planning the next batch
         self._finished: dict[Req, str] = {}  # finished, memory held until the loop frees it -> reason
         self._untaken: list[Req] = []  # of those, not yet handed to the loop (take_finished)
-        self._num_batches = 0
-        self._t_schedule = 0.0
         self.wait_seconds = 0.0  # host time spent waiting for the device's tokens (0 = host-bound)
 
     # ---- requests in and out -------------------------------------------------------------
@@ -94,9 +87,14 @@ class Scheduler:
         if req.uid in self.reqs:
             raise RequestError(f"request id {req.uid} is already in use")
         self.reqs[req.uid] = req
-        self.extras.track(req)
+        for f in self.features:
+            f.track(req)
         self.prefill.add(req)
         return req
+
+    def feature(self, name: str) -> Feature | None:
+        """The feature called ``name`` (``minisgl/feature.py``), if this scheduler has it."""
+        return next((f for f in self.features if f.name == name), None)
 
     def make_request(self, uid: int, input_ids: list[int], sampling: SamplingParams) -> Req:
         """Check a request and build it, resolving its defaults (``requests.py``: the one place where
@@ -104,18 +102,21 @@ class Scheduler:
         if uid in self.reqs:
             raise RequestError(f"request id {uid} is already in use")
         req = make_request(uid, input_ids, sampling, self.engine, self.cache, lambda: self._seed_rng.getrandbits(63))
-        self.extras.grammar.start(req)  # checks its grammar (if any) and starts compiling it
+        for f in self.features:  # may refuse it, or start its work (a compile it needs first)
+            f.validate(req)
         return req
 
     def abort(self, uid: int) -> bool:
         """Stop a request now and free its memory (a batch in flight with it: the loop frees it once
         processed); False if it is unknown or already done."""
+        if self.offered.remove(uid):
+            return True
         req = self.reqs.get(uid)
         if req is None:
             return False
         if self.prefill.remove(req):
             del self.reqs[uid]
-            self.extras.release(req)
+            release(self.features, req)
             req.finish("abort")
             return True
         if self.prefill.chunked is req:
@@ -145,7 +146,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.prefill.pending)
+        return len(self.prefill.pending) + len(self.offered)
 
     # ---- one step ------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
@@ -160,8 +161,7 @@ class Scheduler:
         return events
 
     def schedule(self) -> Batch | None:
-        if self.observers:
-            self._t_schedule = time.perf_counter()
+        self.recorder.scheduling()
         self._retracted, decodable = [], self.decode.schedule()
         mixed = self.config.mixed_chunk  # decodes ride in prefill batches: no separate decode step
         if self.prefill.has_work and (mixed or not self.chunking.decode_first(self._after_chunk, len(decodable))):
@@ -171,24 +171,20 @@ class Scheduler:
             self._make_room(need, riders)
             running = list(self.decode.running) + ([chunked] if chunked else [])
             extends = self.prefill.schedule(running, len(decodable))
-            for x in extends:
-                self.stats.prefill_tokens += x.end - x.start
-                if x.start == x.req.hit_len and x.req.epoch == 0:  # first chunk of a newly admitted request
-                    self.stats.prompt_tokens += x.req.prompt_len
-                    self.stats.hit_tokens += x.req.hit_len
+            self.stats.count(extends)
             if extends:
                 self._after_chunk = self.prefill.chunked is not None
                 batch = self._batch(extends + [Extend(r, r.device_len - 1, r.device_len) for r in riders], "prefill")
                 batch.riders = len(riders)
                 return batch
         self._after_chunk = False
-        if self.spec is not None:  # drafts count in device_len from here on (a retraction undoes them)
-            self.spec.plan(decodable)
+        for f in self.features:  # may hold requests back from this step, or grow them
+            f.before_decode(decodable)
         self._make_room(lambda: sum(self._pages_to_feed(r) for r in decodable), decodable)
         if not decodable:
             return None
-        verify = self.spec.batch(decodable) if self.spec is not None else None
-        return verify or self._batch([Extend(r, r.device_len - 1, r.device_len) for r in decodable], "decode")
+        own = next((b for f in self.features if (b := f.decode_batch(decodable)) is not None), None)
+        return own or self._batch([Extend(r, r.device_len - 1, r.device_len) for r in decodable], "decode")
 
     def _pages_to_feed(self, req: Req | None) -> int:
         """Pages a request still needs for the positions it feeds next, up to ``device_len - 1`` (0 for None)."""
@@ -212,6 +208,8 @@ class Scheduler:
 
     def _retract(self, req: Req) -> None:
         self.decode.remove(req)
+        for f in self.features:
+            f.retract(req)
         self.cache.release_request(req)
         req.retract()
         self.prefill.pending.appendleft(req)
@@ -220,8 +218,7 @@ class Scheduler:
         self._retracted.append(req.uid)
 
     def _batch(self, extends: list[Extend], phase: str) -> Batch:
-        xs = extends
-        return Batch([x.req for x in xs], phase, [x.start for x in xs], [x.end for x in xs])  # type: ignore[arg-type]
+        return Batch([x.req for x in extends], phase, [x.start for x in extends], [x.end for x in extends])  # type: ignore[arg-type]
 
     def prepare(self, batch: Batch) -> SamplingInfo:
         """Allocate KV for the batch's new tokens, build its tensors, and advance the requests'
@@ -247,7 +244,9 @@ class Scheduler:
         batch.logit_idx = dev(torch.cumsum(lens, 0) - 1)
         batch.table_idx = dev(rows)
         info = SamplingInfo.from_batch(batch, self.engine.model_config.vocab_size, self.device)
-        batch.extras = self.extras.plan(batch)
+        for f in self.features:
+            if (state := f.plan(batch)) is not None:
+                batch.features[f.name] = state
         batch.epochs = [r.epoch for r in batch.reqs]
         self.admission.on_batch()
         batch.sample_mask = []
@@ -258,30 +257,28 @@ class Scheduler:
                 self.decode.add(req)
         keep = [i for i, k in enumerate(batch.sample_mask) if k]
         self._sampled = (dev(i64(keep)), dev(ends[keep])) if len(keep) < batch.size else None
-        if self.observers:
-            self._num_batches += 1
-            self._events.append(batch_event(self, batch, self._num_batches - 1))
+        self.recorder.prepared(self, batch)
         return info
 
     def launch(self, batch: Batch, info: SamplingInfo) -> torch.Tensor:
         """Run the forward pass; write the kept samples into the token pool (on the device), where
         the next decode batch reads its inputs."""
-        if batch.spec is not None:  # a verify pass writes its kept tokens into the token pool itself
-            return self.spec.launch(batch, info, self.extras)  # type: ignore[union-attr]
-        if batch.extras is None:  # (the two-argument call: lessons and tests wrap forward_batch)
-            tokens = self.engine.forward_batch(batch, info)
-        else:
-            self.extras.start_mask(batch, self.table.token_pool)
-            tokens = self.engine.forward_batch(batch, info, batch.extras.extras)
-        if self._sampled is None:  # every row keeps its sample (index tensors, not a mask: no sync)
-            rows, pos, kept = batch.table_idx, batch.positions[batch.logit_idx] + 1, tokens
-        else:
-            idx, pos = self._sampled
-            rows, kept = batch.table_idx[idx], tokens[idx]
-        self.table.token_pool[rows, pos] = kept.to(torch.int32)
-        self.extras.to_host(batch)
-        if self.observers:
-            self._events[-1].t_launched = time.perf_counter()
+        active = [(f, batch.features[f.name]) for f in self.features if f.name in batch.features]
+        hooks = [h for f, s in active if (h := f.hooks(batch, s, self.table.token_pool)) is not None]
+        hooks = HookList(hooks) if hooks else None
+        tokens = next((t for f, s in active if (t := f.forward(batch, s, info, hooks)) is not None), None)
+        if tokens is None:  # the engine's pass (a feature's own pass writes its kept tokens itself)
+            # (the two-argument call without hooks: lessons and tests wrap forward_batch)
+            tokens = self.engine.forward_batch(batch, info, hooks) if hooks else self.engine.forward_batch(batch, info)
+            if self._sampled is None:  # every row keeps its sample (index tensors, not a mask: no sync)
+                rows, pos, kept = batch.table_idx, batch.positions[batch.logit_idx] + 1, tokens
+            else:
+                idx, pos = self._sampled
+                rows, kept = batch.table_idx[idx], tokens[idx]
+            self.table.token_pool[rows, pos] = kept.to(torch.int32)
+        for f, s in active:
+            f.launched(batch, s)
+        self.recorder.launched()
         return tokens
 
     def to_host(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
@@ -299,30 +296,32 @@ class Scheduler:
 
     def process(self, batch: Batch, tokens: torch.Tensor) -> list[TokenEvent]:
         events: list[TokenEvent] = []
-        self.extras.collect_prompt(batch)
+        states = [(f, batch.features.get(f.name)) for f in self.features]
+        for f, s in states:
+            if s is not None:
+                f.processing(batch, s)
         for i, (req, keep, epoch, row) in enumerate(zip(batch.reqs, batch.sample_mask, batch.epochs, tokens.tolist())):
             if not keep or req.finish_reason is not None or req in self._finished or req.epoch != epoch:
                 continue
-            # a verify row: its counters roll back to the accepted tokens, which count one by one
-            for tok in [row] if batch.spec is None else self.spec.accepted(batch, i, req, row):  # type: ignore[union-attr]
-                events.append(self.extras.on_token(batch, i, req, tok, req.append_token(tok, self.eos_ids)))
-                if (reason := events[-1].finish_reason) is not None:
-                    self._finish(req, reason)
+            # a feature's own pass may yield several tokens a row (a verify pass's accepted ones), one by one
+            new = next((t for f, s in states if s is not None and (t := f.tokens(batch, s, i, req, row))), [row])
+            finished = False
+            for tok in new:
+                ev = TokenEvent(req.uid, tok, req.append_token(tok, self.eos_ids))
+                for f, s in states:
+                    f.on_token(batch, s, i, req, ev)  # may add to it, or end the request
+                events.append(ev)
+                if finished := ev.finish_reason is not None:
+                    self._finish(req, ev.finish_reason)
                     break
-            else:
-                if len(req.output_ids) == 1 and self.cache.shares_prefixes:
-                    self.cache.share_prompt(req)
-        if self.observers and self._events:
-            ev = self._events.popleft()
-            ev.t_done = time.perf_counter()
-            ev.finished = {e.uid: e.finish_reason for e in events if e.finish_reason is not None}
-            for observe in self.observers:
-                observe(ev)
+            if not finished and len(req.output_ids) == 1 and self.cache.shares_prefixes:
+                self.cache.share_prompt(req)
+        self.recorder.processed(events)
         return events
 
     def _finish(self, req: Req, reason: str) -> None:
         self.decode.remove(req)
-        self.extras.release(req)
+        release(self.features, req)
         self.reqs.pop(req.uid, None)
         if not req.is_admitted:
             req.finish(reason)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """Logprobs in the API's shapes: OpenAI's chat (``logprobs.content``), OpenAI's completions
 (``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``, the prompt's too with
 ``echo``: what ``lm-eval``'s loglikelihood reads) and SGLang's ``/generate`` (``meta_info``'s
-``output_token_logprobs`` and friends). The numbers are the engine's (``minisgl/engine/logprobs.py``:
+``output_token_logprobs`` and friends). The numbers are the engine's (``minisgl/logprobs/``:
 the model's distribution after a grammar mask, before temperature / top-k / top-p); a token's text is
 made from its bytes, which the detokenizer sends along (``ReplyMsg.pieces``)."""
 

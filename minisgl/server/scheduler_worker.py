@@ -46,9 +46,9 @@ from minisgl.message import (
 from minisgl.process import setup_child
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.replicated import LeaderGone, ReplicatedScheduler, follow
-from minisgl.scheduler.speculate import spec_stats
 from minisgl.scheduler.warmup import warm_up
 from minisgl.server.ipc import MsgReader, bind_inbox
+from minisgl.speculative.feature import spec_stats
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ class SchedulerWorker:
         self.sched, self.config = sched, sched.config
         self.tp_size = self.config.tp_size
         self.reqs: dict[int, Any] = {}  # uid -> Req, while the request lives (for its prompt counts)
-        self.compiling: list[Any] = []  # requests whose grammar compiles (in the background), not yet added
         self.finished = self.aborted = self.rejected = 0
         self.reader = MsgReader("scheduler", ACCEPTS)
         self.step_started: float | None = None  # monotonic time, while inside sched.step()
@@ -130,7 +129,8 @@ class SchedulerWorker:
                 hit_tokens=s.stats.hit_tokens,
                 prefill_tokens=s.stats.prefill_tokens,
             ),
-            speculative=spec_stats(s.spec),
+            # the features' counters; ``speculative`` is always there (zeros without it: a stable shape)
+            **{"speculative": spec_stats(None)} | {f.name: r for f in s.features if (r := f.report())},
         )
 
     # ---- messages ----------------------------------------------------------------------------
@@ -138,7 +138,7 @@ class SchedulerWorker:
         import zmq
 
         msgs: list[Any] = []
-        timeout = 0 if self.sched.has_work else COMPILE_POLL_MS if self.compiling else IDLE_POLL_MS
+        timeout = 0 if self.sched.has_work else COMPILE_POLL_MS if len(self.sched.offered) else IDLE_POLL_MS
         if self.inbox.poll(timeout):
             # at most MAX_MSGS_PER_STEP: a flood that arrives as fast as it is read must not keep
             # the running requests from ever stepping again
@@ -162,34 +162,23 @@ class SchedulerWorker:
             self.rejected += 1
             self._send(ErrorMsg(msg.uid, str(err), 400, code=err.code, param=err.param))
             return
-        self.compiling.append(req)
-        self._add_compiled()
+        self.sched.offered.add(req)  # queued once its features' work (a grammar's compile) is done
+        self.reqs[req.uid] = req
+        self._add_offered()
 
-    def _add_compiled(self) -> None:
-        """Add the requests whose grammar has compiled (or that have none); refuse those whose grammar
-        does not compile. The compile runs on a thread of the scheduler: the loop steps meanwhile."""
-        waiting, self.compiling = self.compiling, []
-        grammar = self.sched.extras.grammar
-        for req in waiting:
-            if not grammar.ready(req):
-                self.compiling.append(req)
-            elif (err := grammar.error(req)) is not None:
-                self.rejected += 1
-                self._send(ErrorMsg(req.uid, str(err), 400, code=err.code, param=err.param))
-            else:
-                self.sched.add(req)
-                self.reqs[req.uid] = req
+    def _add_offered(self) -> None:
+        """Queue the offered requests whose work is done; refuse those whose work failed (a grammar that
+        does not compile). The work runs on threads of the scheduler: the loop steps meanwhile."""
+        for req, err in self.sched.offered.admit():
+            self.rejected += 1
+            self.reqs.pop(req.uid, None)
+            self._send(ErrorMsg(req.uid, str(err), 400, code=err.code, param=err.param))
 
     def _apply(self, msg: Any, out: list[TokenMsg]) -> None:
         if isinstance(msg, GenerateMsg):
             self._generate(msg)
         elif isinstance(msg, AbortMsg):
-            compiling = [r for r in self.compiling if r.uid == msg.uid]
-            if compiling:
-                self.compiling.remove(compiling[0])
-                self.sched.extras.grammar.abandon(compiling[0])  # a compile nobody waits for stops
-                out.append(TokenMsg(msg.uid, -1, "abort"))
-            elif self.sched.abort(msg.uid):
+            if self.sched.abort(msg.uid):  # (one still offered too: a compile nobody waits for stops)
                 self.aborted += 1
                 self.reqs.pop(msg.uid, None)
                 out.append(TokenMsg(msg.uid, -1, "abort"))
@@ -261,8 +250,8 @@ class SchedulerWorker:
                     if ev.finish_reason is not None:
                         self.finished += 1
                         del self.reqs[ev.uid]
-            if self.compiling:
-                self._add_compiled()
+            if len(self.sched.offered):
+                self._add_offered()
             if out:
                 self._send(BatchTokenMsg(out))
             if self.flushes:

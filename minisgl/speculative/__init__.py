@@ -3,8 +3,8 @@ cache checks them all, and the scheduler rolls the rejected ones back.
 
 ``base.py`` is the seam (``Drafter``, ``Verifier`` and their registries), ``ngram.py`` the prompt-lookup
 drafter, ``draft_model.py`` the draft-model drafter (``STANDALONE``), ``verify.py`` the engine's verifier;
-the scheduler's side (which requests draft, the verify batch, the rollback) is
-``minisgl/scheduler/speculate.py``, and its back-off ``minisgl/scheduler/spec_backoff.py``.
+``feature.py`` the scheduler's side (a ``Feature``: which requests draft, the verify batch, the rollback),
+and ``backoff.py`` its back-off.
 """
 
 from minisgl.speculative.base import DRAFTERS, VERIFIERS, Drafter, Rollback, Verdict, Verifier

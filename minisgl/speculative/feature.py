@@ -1,5 +1,6 @@
-"""The scheduler's side of speculative decoding (``--speculative-algorithm``): which requests draft,
-the verify batch, and the rollback of what the target rejected.
+"""Speculative decoding as a scheduler feature (``--speculative-algorithm``; ``minisgl/feature.py``): which
+requests draft, the verify batch that replaces a decode batch, and the rollback of what the target
+rejected.
 
 A step, for a request ``r`` whose tokens ``[0, n)`` are all on the host (``device_len == n``)::
 
@@ -21,11 +22,11 @@ only). ``k <= max_device_len - n - 1`` keeps every KV write inside the request's
 
 Which requests draft: a speculative request (``SamplingParams.speculative``, the default) without a
 grammar or logprobs (their masks and scores are per sampled token: not done for drafted positions),
-unless it is backing off after verify steps that accepted nothing (``spec_backoff.py``: it decodes
+unless it is backing off after verify steps that accepted nothing (``backoff.py``: it decodes
 plainly for a while). The decision is the request's own, whatever else is in the batch, so its tokens
 do not depend on its neighbours: a verify batch may hold rows that drafted nothing, which are plain
 decode rows (one position; a grammar's mask and logprobs are computed on it as in a decode batch, and
-the verifier's draw there is the plain sampler's). Its drafts
+the verifier's draw there is the plain sampler's: the other features' hooks run on those rows). Its drafts
 need its tokens on the host: under the overlap loop a speculative request whose last pass is still in
 flight waits one step (it then runs as under the plain loop). A verify batch runs as a decode batch with
 one row per position (``decode_rows``): a CUDA graph on a GPU where one of that many rows was captured,
@@ -41,10 +42,8 @@ import torch
 
 from minisgl.attention.context import forward_context
 from minisgl.core import Batch, Req
-from minisgl.engine.logprobs import log_probs, score
-from minisgl.scheduler.admission import Extend
-from minisgl.scheduler.decode import DecodeManager
-from minisgl.scheduler.spec_backoff import Backoff
+from minisgl.feature import Feature, SampleHooks
+from minisgl.speculative.backoff import Backoff
 from minisgl.speculative.base import DRAFTERS, VERIFIERS
 
 
@@ -81,7 +80,7 @@ def spec_stats(spec: SpecManager | None) -> dict:
 
 @dataclass
 class SpecPlan:
-    """``Batch.spec`` of a verify batch: row ``i`` drafted ``drafts[i]`` (maybe none)."""
+    """A verify batch's state (``batch.features["speculative"]``): row ``i`` drafted ``drafts[i]`` (maybe none)."""
 
     drafts: list[list[int]] = field(default_factory=list)
 
@@ -97,49 +96,43 @@ def decode_rows(batch: Batch) -> Batch:
     reqs = [r for r, n in zip(batch.reqs, lens) for _ in range(n)]
     rows = Batch(reqs, "decode", pos, [p + 1 for p in pos], padded_size=len(pos))
     rows.input_ids, rows.positions, rows.out_loc = batch.input_ids, batch.positions, batch.out_loc
-    rows.spec = batch.spec  # still a verify pass (what an observer of the forward pass sees)
+    rows.features, rows.label = batch.features, batch.label  # still a verify pass (what an observer sees)
     dev = batch.input_ids.device
     rows.table_idx = batch.table_idx[: batch.size].repeat_interleave(torch.tensor(lens, device=dev))
     rows.logit_idx = torch.arange(len(pos), device=dev)
     return rows
 
 
-class SpecManager:
-    def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, decode: DecodeManager, config):
+class SpecManager(Feature):
+    name = "speculative"
+
+    def __init__(self, algorithm: str, num_draft_tokens: int, verifier: str, engine, held: set[Req], config):
         name = algorithm if ":" in algorithm else algorithm.lower()  # NGRAM is SGLang's spelling; a path keeps its case
         self.algorithm, self.drafter = algorithm, DRAFTERS.get(name).build(config, engine)
         self.verifier = VERIFIERS.get(verifier)()
-        self.k, self.engine, self.table, self.decode = num_draft_tokens, engine, engine.table, decode
+        self.k, self.engine, self.table = num_draft_tokens, engine, engine.table
         self.stats = SpecStats()
         self.backoff = Backoff(config.speculative_backoff)
         self._drafts: dict[Req, list[int]] = {}  # this step's drafts (already counted in device_len)
-        decode.on_remove.append(self.release)  # finished, aborted, retracted: no per-request state outlives it
-
-    @classmethod
-    def create(cls, config, engine, decode: DecodeManager) -> SpecManager | None:
-        """The manager ``config`` asks for (``speculative_algorithm``), or None without speculation."""
-        algo, k = config.speculative_algorithm, config.speculative_num_draft_tokens
-        if not algo:
-            return None
-        return cls(algo, k, config.components.verifier, engine, decode, config)
+        # requests whose verify pass is not processed: their counters are provisional, so no batch plans
+        # them (the scheduler's ``DecodeManager.held``; it forgets a request when it stops running)
+        self._held = held
 
     def release(self, req: Req) -> None:
-        """``req`` left the running requests (``DecodeManager.on_remove``): forget it everywhere."""
+        """``req`` finished, was aborted or retracted: no per-request state outlives it."""
         self.backoff.release(req)
         self.drafter.release(req)
 
-    @staticmethod
-    def plain_only(req: Req) -> bool:
-        """A request whose per-token extras (grammar mask, logprobs) a verify row does not compute."""
-        return req.sampling.grammar is not None or req.sampling.wants_logprobs
+    retract = release
 
-    def plan(self, decodable: list[Req]) -> None:
-        """Before a decode batch: draft for ``decodable``, dropping from it (in place) the speculative
-        requests whose tokens are not all on the host yet; the drafts count in their ``device_len``."""
+    def before_decode(self, decodable: list[Req]) -> None:
+        """Draft for ``decodable``, dropping from it (in place) the speculative requests whose tokens are
+        not all on the host yet; the drafts count in their ``device_len`` (a retraction, before the batch
+        is made, undoes them)."""
         self._drafts = {}
         keep = []
         for req in decodable:
-            if not req.sampling.speculative or self.plain_only(req) or not self.backoff.should_draft(req):
+            if not req.sampling.speculative or req.sampling.plain_sampling or not self.backoff.should_draft(req):
                 keep.append(req)  # decodes plainly this step (its tokens need not be on the host)
             elif req.prompt_len + len(req.output_ids) == req.device_len:  # else: waits a step for them
                 keep.append(req)
@@ -149,32 +142,31 @@ class SpecManager:
                     req.device_len += len(drafts)
         decodable[:] = keep
 
-    def batch(self, reqs: list[Req]) -> Batch | None:
-        """The verify batch of what ``plan`` left (after retractions), or None if nobody drafted."""
+    def decode_batch(self, reqs: list[Req]) -> Batch | None:
+        """The verify batch of what ``before_decode`` left (after retractions), or None if nobody drafted."""
         drafts = [self._drafts.get(r, []) for r in reqs]
         self._drafts = {}
         if not any(drafts):
             return None
         for req, d in zip(reqs, drafts):
             if d:  # the drafts enter the token pool: the pass reads its inputs from there
-                self.decode.held.add(req)  # its counters are provisional until processed: no batch plans it
+                self._held.add(req)
                 n = req.device_len - len(d)
                 self.table.token_pool[req.table_idx, n : n + len(d)] = torch.tensor(d, dtype=torch.int32)
-        extends = [Extend(r, r.device_len - 1 - len(d), r.device_len) for r, d in zip(reqs, drafts)]
-        batch = Batch(reqs, "prefill", [x.start for x in extends], [x.end for x in extends])
-        batch.spec = SpecPlan(drafts)
+        starts = [r.device_len - 1 - len(d) for r, d in zip(reqs, drafts)]
+        batch = Batch(reqs, "prefill", starts, [r.device_len for r in reqs], label="verify")
+        batch.features[self.name] = SpecPlan(drafts)
         return batch
 
     @torch.inference_mode()
-    def launch(self, batch: Batch, info, extras) -> torch.Tensor:
+    def forward(self, batch: Batch, plan: SpecPlan, info, hooks: SampleHooks | None) -> torch.Tensor:
         """The verify pass: logits at every position, the verdict, the kept token into the token pool.
-        Returns ``[B, K + 2]`` int64 on the device: accepted count, then the row's tokens. ``extras``
-        (the scheduler's ``RequestExtras``): the masks and logprobs of the rows that did not draft."""
+        Returns ``[B, K + 2]`` int64 on the device: accepted count, then the row's tokens. ``hooks`` (the
+        other features': masks, logprobs) run on each request's first position, a plain row's only one."""
         e, dev = self.engine, batch.input_ids.device
-        drafts = batch.spec.drafts
+        drafts = plan.drafts
         k1 = max(len(d) for d in drafts) + 1
         rows = decode_rows(batch)
-        extras.start_mask(batch, self.table.token_pool)
         with forward_context(rows, e.attn_backend):
             if e.graph_runner is not None and e.graph_runner.can_run(rows):
                 logits = e.graph_runner.replay(rows)  # [tokens, V]: the decode graph of that many rows
@@ -183,38 +175,50 @@ class SpecManager:
                 logits = e.model(rows.input_ids, rows.positions, rows.logit_idx)
         lens = torch.tensor([len(d) + 1 for d in drafts])
         first = torch.cumsum(lens, 0) - lens
-        x = batch.extras.extras if batch.extras is not None else None  # rows without drafts: one position
-        scored = None
-        if x is not None:
-            heads = logits[first.to(dev)]  # [B, V]: each request's first position, a plain row's only one
-            if x.mask is not None:
-                x.mask(heads)
-                logits[first.to(dev)] = heads
-            scored = log_probs(heads[x.rows]) if x.rows is not None else None
+        if hooks is not None:
+            heads = logits[first.to(dev)]  # [B, V]
+            hooks.on_logits(heads)
+            logits[first.to(dev)] = heads
         idx = first[:, None] + torch.minimum(torch.arange(k1)[None, :], lens[:, None] - 1)  # padded: row's last
         padded = torch.tensor([d + [-1] * (k1 - 1 - len(d)) for d in drafts], dtype=torch.int64)
         starts = torch.tensor(batch.starts, dtype=torch.int64)
         # output token number at the first position: the pass starts at the last real token (n - 1)
         info.steps = (starts + 1 - torch.tensor([r.prompt_len for r in batch.reqs])).to(dev, non_blocking=True)
-        to = lambda t: t.to(dev, non_blocking=True)
+        to = lambda t: t.to(dev, non_blocking=True)  # noqa: E731
         verdict = self.verifier.verify(logits[to(idx)], to(padded), info, e.sampler)
         rows = batch.table_idx[: batch.size]
         kept = verdict.tokens.gather(1, verdict.accepted[:, None]).squeeze(1)
         self.table.token_pool[rows, to(starts) + 1 + verdict.accepted] = kept.to(torch.int32)
-        if scored is not None:
-            x.sampled = score(scored, verdict.tokens[x.rows, 0], x.top_k)
-        extras.to_host(batch)
+        if hooks is not None:
+            hooks.on_tokens(verdict.tokens[:, 0])
         return torch.cat([verdict.accepted[:, None], verdict.tokens], dim=1)
 
-    def accepted(self, batch: Batch, i: int, req: Req, row: list[int]) -> list[int]:
-        """``row`` (a ``launch`` row on the host) of request ``req`` at batch row ``i``: roll its counters
+    def tokens(self, batch: Batch, plan: SpecPlan, i: int, req: Req, row: list[int]) -> list[int]:
+        """``row`` (a ``forward`` row on the host) of request ``req`` at batch row ``i``: roll its counters
         back to what the target accepted; returns its new tokens, in order."""
         a, n = row[0], batch.starts[i] + 1
-        if drafted := len(batch.spec.drafts[i]):  # (a row without drafts was a plain decode: nothing to undo)
+        if drafted := len(plan.drafts[i]):  # (a row without drafts was a plain decode: nothing to undo)
             req.cached_len, req.device_len = self.verifier.rollback(n, drafted, a)
-            self.decode.held.discard(req)
+            self._held.discard(req)
             self.backoff.observe(req, a)  # (process skips finished and retracted requests: nothing leaks)
             self.stats.verify_rows += 1
             self.stats.draft_tokens += drafted
             self.stats.accepted_tokens += a
         return row[1 : a + 2]
+
+    def report(self) -> dict:
+        return spec_stats(self)
+
+
+def create(config, engine, scheduler) -> SpecManager | None:
+    """The feature ``config`` asks for (``speculative_algorithm``), or None without speculation."""
+    if not config.speculative_algorithm:
+        return None
+    return SpecManager(
+        config.speculative_algorithm,
+        config.speculative_num_draft_tokens,
+        config.components.verifier,
+        engine,
+        scheduler.decode.held,
+        config,
+    )

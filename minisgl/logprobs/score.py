@@ -1,8 +1,8 @@
 """Log-probabilities: of each sampled token and of the most likely tokens at its step, and of prompt
 tokens (``echo`` in OpenAI's completions, SGLang's ``logprob_start_len``).
 
-Which distribution: ``log_softmax`` of the model's logits in float32, *after* the grammar mask (a
-constrained request's logprobs are over the tokens it could produce) and *before* temperature,
+Which distribution: ``log_softmax`` of the model's logits in float32, *after* any mask (a constrained
+request's logprobs are over the tokens it could produce) and *before* temperature,
 top-k and top-p: the model's own distribution, what OpenAI reports and vLLM returns by default
 (its ``raw_logprobs``). A token the mask removed has logprob ``-inf``; the API reports it as -9999.
 
@@ -38,7 +38,7 @@ class Scored:
 
     def rows(self) -> list[tuple[float, list[tuple[int, float]]]]:
         """Host lists: one ``(logprob, [(token id, logprob), ...])`` per token, -inf as ``FLOOR``; the
-        top lists leave out tokens a grammar masked (fewer may be allowed than asked for)."""
+        top lists leave out tokens a constraint masked (fewer may be allowed than asked for)."""
         tok = self.token.clamp(min=FLOOR).tolist()
         ids, vals = self.top_ids.tolist(), self.top_vals.tolist()
         return [(t, [(a, b) for a, b in zip(i, v) if b > FLOOR]) for t, i, v in zip(tok, ids, vals)]
@@ -74,18 +74,3 @@ def score_prompt(
     ]
     cat = lambda name: torch.cat([getattr(p, name) for p in parts])
     return Scored(cat("token"), cat("top_ids"), cat("top_vals"))
-
-
-@dataclass
-class SampleExtras:
-    """What a batch asks of ``Engine.forward_batch`` besides its tokens (built by the scheduler,
-    ``minisgl/scheduler/extras.py``): a grammar mask to apply before sampling, and what to score.
-    The results are written back here."""
-
-    mask: Callable[[torch.Tensor], None] | None = None  # masks the [batch, vocab] logits in place
-    rows: torch.Tensor | None = None  # [R] rows whose sampled token is scored (None: none)
-    top_k: int = 0
-    prompt_idx: torch.Tensor | None = None  # [P] batch token offsets whose logits score a prompt token
-    prompt_targets: torch.Tensor | None = None  # [P]
-    sampled: Scored | None = None  # results: the rows' sampled tokens
-    prompt: Scored | None = None  # results: the prompt tokens

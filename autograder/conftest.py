@@ -18,14 +18,17 @@ from autograder.plugin import (  # noqa: F401  (pytest finds hooks by name in a 
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# derandomized: every grading run sees the same examples; no database written into the repo
+# derandomized: every grading run sees the same examples; no database written into the repo. A student's
+# failure is shrunk to its smallest example; MINISGL_AG_NO_SHRINK=1 (the instructor's suite, grading hundreds
+# of mutants that only need to fail) skips shrinking: the same tests fail, with a larger example.
+_SHRINK = [] if os.environ.get("MINISGL_AG_NO_SHRINK") == "1" else [Phase.shrink]
 settings.register_profile(
     "autograder",
     derandomize=True,
     database=None,
     deadline=None,
     print_blob=False,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],  # no "explain" phase: it costs seconds per failure
+    phases=[Phase.explicit, Phase.generate, *_SHRINK],  # no "explain" phase: it costs seconds per failure
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("autograder")

@@ -1,7 +1,7 @@
 """Every ``MINISGL_*`` environment variable, read once, here, when minisgl is imported.
 
 ``VARS`` below is the list (name, default, what it does); ``python -m minisgl --help`` prints it and
-the engine manual's (minisgl/README.md) environment table shows the same. Code reads ``ENV.<name>`` (the
+the engine manual's (docs/serving.md) environment table shows the same. Code reads ``ENV.<name>`` (the
 variable's name in lower case, without the prefix); tests change a setting with
 ``monkeypatch.setattr(ENV, name, value)``. A malformed value falls back to the default at import,
 and ``ENV.check()`` (called by ``python -m minisgl`` at start-up) reports it.

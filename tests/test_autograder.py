@@ -70,7 +70,8 @@ def runs(grading_env, tmp_path_factory) -> dict[str, Run]:
     # (twice it, at least 2, for the other run beside each), instead of each measuring its own: a torch
     # import and a calibration in both of its processes, ~2.5 s of ~9 s a run, over ~300 runs. The
     # solutions, the correct variants and the misbehaving lab measure their own, as a student's run does.
-    shared = {**grading_env, pace.ENV: f"{max(2.0, 2 * pace.measure()):.2f}"}
+    # They fail unshrunk (MINISGL_AG_NO_SHRINK): a mutant's failing random test needs no smallest example.
+    shared = {**grading_env, pace.ENV: f"{max(2.0, 2 * pace.measure()):.2f}", "MINISGL_AG_NO_SHRINK": "1"}
     env_of = lambda key: shared if key.startswith(("mutant:", "hidden:")) else grading_env  # noqa: E731
     # The variants' runs go through two warm fork servers (grading.ForkServer: the same command, without
     # each run importing torch, hypothesis and pytest again); the solutions and the misbehaving lab run

@@ -2,7 +2,7 @@
 reads it back, memory accounting. The weights (``--quantization fp8``): the per-row quantization's
 error bound, which layers are quantized, the engine running on them. Bad values refused. The GPU paths
 (FlashInfer reading FP8 pages, ``torch._scaled_mm``) are in test_gpu.py; the quality on real weights is
-measured by ``python -m minisgl.benchmark.quality`` (engine manual, "FP8")."""
+measured by ``python -m minisgl.benchmark.quality`` (docs/fp8.md)."""
 
 from __future__ import annotations
 

@@ -191,13 +191,13 @@ def test_a_queued_stream_gets_keepalives_then_its_tokens(server, model):
 
 def test_sse_keepalive_flag():
     """Seconds, 0 = off; a negative or non-finite value is a usage error; the default is the one the
-    engine manual's flag table states."""
+    engine manual's flag table (docs/serving.md) states."""
     from pathlib import Path
 
     from minisgl.server.args import parse_args
 
     default = parse_args([]).sse_keepalive
-    readme = (Path(__file__).resolve().parents[1] / "minisgl" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
     assert f"| `--sse-keepalive` | {default:g} |" in readme
     assert parse_args(["--sse-keepalive", "0"]).sse_keepalive == 0
     assert parse_args(["--sse-keepalive", "2.5"]).sse_keepalive == 2.5

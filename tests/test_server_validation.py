@@ -79,11 +79,11 @@ def test_sequences_per_request_are_capped(http):
 
 
 def test_sequences_per_request_flag():
-    """The flag's default is the one the engine manual's flag table states; 0 is a usage error."""
+    """The flag's default is the one the engine manual's flag table (docs/serving.md) states; 0 is a usage error."""
     from pathlib import Path
 
     default = parse_args([]).max_sequences_per_request
-    readme = (Path(__file__).resolve().parents[1] / "minisgl" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
     assert f"| `--max-sequences-per-request` | {default} |" in readme
     assert parse_args(["--max-sequences-per-request", "5"]).max_sequences_per_request == 5
     with pytest.raises(SystemExit):

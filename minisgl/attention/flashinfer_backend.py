@@ -81,10 +81,8 @@ class FlashInferBackend(AttentionBackend):
         self.device = self.page_table.device
         ws = _workspace(self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=self.prefill_kernel)
-        # the tensor-core decode kernel, even with 2 query heads per KV head (Qwen3-0.6B): on a real,
-        # ragged batch it is faster from batch 128 up and no slower below (H200, Nano-vLLM workload:
-        # 5.74 s vs 6.25 s end to end; `benchmark.decode_attention --ragged`). On uniform lengths the
-        # CUDA-core kernel looks faster, which misled an earlier choice. MINISGL_FI_TENSOR_CORES=0 overrides.
+        # the tensor-core decode kernel, even with 2 query heads per KV head: faster on real, ragged batches
+        # (measured in docs/gpu.md; uniform lengths mislead). MINISGL_FI_TENSOR_CORES=0 overrides.
         self.tensor_cores = ENV.fi_tensor_cores
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             ws, "NHD", use_tensor_cores=self.tensor_cores, backend="fa2"

@@ -24,7 +24,7 @@ prefix cache. ``--repeats N`` times the workload N times in one process and repo
 
 Peers (``peers.py``): vLLM's CPU build in its own environment, llama.cpp through llama-cpp-python on a
 GGUF of the same weights. A comma-separated ``--engine`` list runs each engine in its own process, once
-per round for ``--rounds`` rounds, and prints each one's median: the side-by-side tables of the manual.
+per round for ``--rounds`` rounds, and prints each one's median: the side-by-side tables of docs/benchmarks.md.
 
 ``--step-times`` then runs it once more and splits the device's time between prefill batches and
 decode batches by batch size (CUDA events around each batch's launch; on a CPU, whose launches are

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark of the README: the Nano-vLLM workload on one H200 with dummy weights, each
+# The GPU benchmark of docs/benchmarks-gpu.md: the Nano-vLLM workload on one H200 with dummy weights, each
 # configuration in its own process, results appended to $RESULTS (JSON list).
 #   bash minisgl/benchmark/run_h200.sh [0.6B|14B|hf|all]
 set -uo pipefail

@@ -1,4 +1,4 @@
-"""Speculative decoding at several batch sizes (the H200 rows of the manual): output tokens per second
+"""Speculative decoding at several batch sizes (the H200 rows of docs/speculative-decoding.md): output tokens per second
 with and without n-gram drafting, on a workload with repetition, with the acceptance of the same runs.
 
     python -m minisgl.benchmark.spec_batch --model Qwen3-0.6B --dummy-weight --batch 1 16 64

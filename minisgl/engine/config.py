@@ -13,16 +13,12 @@ import torch
 
 from minisgl.env import ENV
 
-# Nano-vLLM workload on an H200, one call, medians of 3, pages of 1 / 16 / 64 / 256 tokens: Qwen3-0.6B
-# 5.66 / 5.69 / 5.44 / 5.56 s, Qwen3-14B 22.36 / 22.14 / 22.10 / 22.03 s (another call had 256 ahead of
-# 64 by 1%: they tie). Prefix-cache hits come in whole pages, so a larger page loses up to a page of
-# each hit; 64 tokens is little next to a chat's history, and a 256-token page would never share a
-# shorter system prompt.
+# FlashInfer reads ragged batches faster in larger pages, but prefix-cache hits come in whole pages: 64
+# tokens ties 256 on speed and loses little of a hit (measured in docs/benchmarks-gpu.md).
 FLASHINFER_PAGE_SIZE = 64
 # Prompt tokens per prefill batch. A batch's time is a pause for every running stream (decodes run
-# between two chunks of a long prompt), and a CPU computes a chunk thousands of times slower: on the
-# 2-core CI machine, with the embedded model, an 8,000-token prompt stalled running streams for 32.6 s
-# unchunked; measured worst gaps by chunk size are in minisgl/README.md ("Chunked prefill, CPU").
+# between two chunks of a long prompt), and a CPU computes a chunk thousands of times slower (worst gaps
+# by chunk size: docs/benchmarks.md, "Chunked prefill, CPU").
 GPU_PREFILL_LENGTH, CPU_PREFILL_LENGTH = 8192, 128
 # --step-time auto on a CPU: a prefill batch's target (minisgl.scheduler.timed.AdaptiveChunking)
 CPU_STEP_TIME_S = 0.5
@@ -282,7 +278,7 @@ _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "
 
 def default_cpu_dtype() -> torch.dtype:
     """The dtype measured fastest on the level the CPU kernels run (``minisgl.kernels.jit.isa()``;
-    minisgl/README.md, "The CPU decode step"): bfloat16 on avx512 where the CPU has native bfloat16
+    docs/cpu.md, "The CPU decode step"): bfloat16 on avx512 where the CPU has native bfloat16
     arithmetic (AVX512-BF16, AMX), where its matmuls are several times faster than float32's (2.4x on an
     AVX512-BF16 EPYC) and a decode step reads half the bytes; float32 elsewhere. On avx2, bf16 weights
     (widened to float32 in registers) made a decode step 7% faster at batch 1 but 5% slower at 64, and

@@ -13,7 +13,7 @@ constraint is first compiled in a fork of the scheduler's process (the backend i
 the child touches nothing else). The child is killed at ``time_limit`` or as soon as no request waits
 for it, and the memory it took goes with it. Only what compiled there is compiled again in the lane's
 thread, in about the trial's time, and kept: carrying the compiled form over costs more than compiling
-twice (xgrammar's serialisation, minisgl/README.md). Without ``os.fork`` there is no trial and no time
+twice (xgrammar's serialisation, docs/structured-output.md). Without ``os.fork`` there is no trial and no time
 limit. The cache keeps the most recently used constraints within ``cache_bytes`` (``backend.nbytes``,
 at least the text's size), refusals too: a bad constraint sent again is refused at once.
 """

@@ -18,7 +18,7 @@ from typing import Any
 
 from minisgl.grammar.base import GrammarError
 
-MAX_BYTES = 64 << 10  # a constraint's text, in UTF-8 bytes (what compiles in seconds: minisgl/README.md)
+MAX_BYTES = 64 << 10  # a constraint's text, in UTF-8 bytes (what compiles in seconds: docs/structured-output.md)
 MAX_DEPTH = 64  # nested JSON arrays and objects in a schema (OpenAI allows 10 levels of objects)
 
 ANNOTATIONS = set("$schema $id $comment title description default examples deprecated readOnly writeOnly".split())

@@ -55,7 +55,7 @@ class XGrammarBackend(GrammarBackend):
     @classmethod
     def build(cls, model_path: Any, vocab_size: int, stop_ids: list[int]) -> XGrammarBackend:
         """The vocabulary's tables are made in a forked child and come back serialised: loading a tokenizer
-        takes memory that would stay in the scheduler's process (minisgl/README.md)."""
+        takes memory that would stay in the scheduler's process (docs/structured-output.md)."""
         import xgrammar as xgr
 
         def tables() -> bytes:

@@ -5,7 +5,7 @@ same for V); torch does it as two scatter kernels, our Triton kernel as one. Thi
 launch, moves 16 bytes per thread access where alignment allows, and costs about a microsecond of
 host time per call (TVM FFI's calling convention against Triton's launcher). ``MINISGL_KV_STORE``
 picks the implementation (see :func:`minisgl.kvcache.pool.KVPool.store`); the default is the one
-measured faster on the H200 (README, "Benchmarks").
+measured faster on the H200 (docs/benchmarks-gpu.md).
 """
 
 from __future__ import annotations

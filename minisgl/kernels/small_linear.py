@@ -22,11 +22,7 @@ import torch.nn.functional as F
 from minisgl.kernels.jit import available, cpu_module, isa
 
 # Rows of x up to which linear() runs the kernel, by level (jit.ISAS) and dtype: past them torch's matmul
-# wins, or is not measured to lose (minisgl/README.md, "The CPU decode step"). avx512: 128 rows of the
-# model's products took 77 ms in torch, 89 here (bf16). avx2 (AVX2 forced on a Xeon, torch too): a
-# float32 decode step of 64 requests took 247 ms with torch's matmul, 292 with the tiles (16 requests:
-# 122 against 101); in bf16 torch has no AVX2 kernel worth the name (3.4x slower at 64). portable:
-# unmeasured where it matters (ARM); on x86 its SSE2 tiles lose to torch's BLAS past a few rows.
+# wins, or is not measured to lose (measured in docs/cpu.md, "The CPU decode step").
 MAX_ROWS = {
     "avx512": {torch.float32: 64, torch.bfloat16: 64},
     "avx2": {torch.float32: 32, torch.bfloat16: 64},

@@ -22,7 +22,7 @@ Every consumer also takes a plain tensor, and ``Unscaled.materialize`` is the pa
 without the fused kernels (CPU, a swapped-in norm or activation, tensor parallelism's all-reduce) is
 the unfused computation. The fused kernels round where the unfused path rounds (to the model's dtype
 after the scales, after the norm and after SwiGLU), so both see the same values up to float32
-summation order. ``MINISGL_FP8_FUSED=0`` leaves the neighbours as they are (the A/B of the manual).
+summation order. ``MINISGL_FP8_FUSED=0`` leaves the neighbours as they are (the A/B of docs/fp8.md).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def kernel_args(x) -> tuple:
 
 
 # The FP8 GEMM on Hopper up to this many rows: cuBLASLt with unit scales, the scales applied after;
-# above it, _scaled_mm with the per-row and per-column scales (CUTLASS). The engine manual, "FP8",
+# above it, _scaled_mm with the per-row and per-column scales (CUTLASS). docs/fp8.md
 # has the measurements behind the threshold.
 CUBLASLT_UP_TO = 256
 

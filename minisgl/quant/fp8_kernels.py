@@ -256,9 +256,7 @@ def _quant_chunk_kernel(h_ptr, amax_ptr, q_ptr, s_ptr, I, C, CP: tl.constexpr, F
 
 # SwiGLU + quantization as one program per row, the row held whole, up to this width; wider rows in
 # chunks of SPLIT_CHUNK columns, all rows and chunks at once, in two kernels through a scratch copy in the
-# model's dtype. One program per row walking its row twice (a loop of blocks, 8 warps) was 34 us a layer at
-# 256 rows of Qwen3-14B (17,408 columns; H200 profile) and 7.8 us at Qwen3-0.6B's 3,072; holding the row
-# whole, 6.7 us with 8 warps and 4.9 with 16 (the chunked path: 4.8; FlashInfer's SwiGLU alone: 1.9).
+# model's dtype (a program walking its row twice was several times slower: docs/fp8.md, "FP8").
 ONE_PROGRAM_UP_TO = 4096
 SPLIT_CHUNK = 1024
 

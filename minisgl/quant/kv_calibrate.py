@@ -5,7 +5,7 @@ past 448 saturate and values under 2^-6 lose bits (subnormals), so each KV head 
 scale ``s`` (``KVPool.k_scale``, ``v_scale``) and stores ``x / s``, with ``s`` the smallest power of
 two that maps the largest |x| seen on a calibration text into range. What no scale changes is the
 rounding to 3 mantissa bits (up to 1/16 of each value): on the embedded model, whose K/V were mostly in
-range already, calibration moved the quality benchmark little (engine manual, "FP8").
+range already, calibration moved the quality benchmark little (docs/fp8.md).
 
 The calibration is one prefill pass of a fixed English text through the engine's own model and
 attention backend, with the pool in ``calibrating`` mode: each layer's store first sets the scales

@@ -18,14 +18,24 @@ registered as ``"timed"`` (``components={"chunking": "timed"}``) sizes every chu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from minisgl.core import Req
 from minisgl.registry import Registry
 
+if TYPE_CHECKING:
+    from minisgl.scheduler.events import BatchEvent
+
 
 class ChunkingPolicy(ABC):
-    """Lab 07's seam, registered in ``CHUNKING_POLICIES``."""
+    """Lab 07's seam, registered in ``CHUNKING_POLICIES``. Three methods decide; the members after them
+    are optional (a policy that measures the engine's speed overrides them; the defaults do nothing)."""
+
+    measures = False  # True: the scheduler feeds ``observe`` each processed batch (False on TP ranks 1..N-1)
+    target_s = 0.5  # a measuring policy's prefill batch time (``--step-time`` sets it)
+    on_pace: Callable[[float | None], None] | None = None  # tensor parallelism: rank 0 logs each new speed
 
     @abstractmethod
     def budget(self, busy: float, idle: float, num_decoding: int) -> float:
@@ -46,6 +56,19 @@ class ChunkingPolicy(ABC):
     def decode_first(self, after_chunk: bool, num_decodable: int) -> bool:
         """Whether the next batch decodes the running requests (``num_decodable`` of them) rather
         than prefilling, when both could run; ``after_chunk``: the last batch cut a prompt."""
+
+    def alongside(self, waiting: list[Req]) -> list[Req]:
+        """While a prompt is being chunked, the waiting requests that start whole before its next chunk
+        (called after ``budget``); none by default."""
+        return []
+
+    def observe(self, ev: BatchEvent) -> None:
+        """A processed batch's event (only while ``measures``)."""
+        return None
+
+    def forget(self) -> None:
+        """Drop what was measured (the warm-up's steps compiled kernels: no measure of speed)."""
+        return None
 
 
 class GreedyChunking(ChunkingPolicy):

@@ -52,8 +52,7 @@ class PrefillManager:
         ctx = AdmissionContext(self.cache, self.table, self.admission, self.chunking, running, budget)
         # AdaptiveChunking: while a prompt is chunked, the waiting ones that fit whole in half the batch go
         # first (none is cut), then the chunk takes what is left; then, if its last piece leaves room, the rest
-        alongside = getattr(self.chunking, "alongside", None)
-        joiners = alongside(list(self.pending)) if self.chunked and alongside and self.pending else []
+        joiners = self.chunking.alongside(list(self.pending)) if self.chunked and self.pending else []
         if joiners:
             self.admission.admit(joiners, ctx)
             assert ctx.cut is None and ctx.tokens_left > 0, "a prompt joining a chunk must fit whole"

@@ -65,7 +65,7 @@ class ReplicatedScheduler(Scheduler):
     def __init__(self, config: EngineConfig, engine: Engine | None = None):
         super().__init__(config, engine)
         self._log: list[Command] = []
-        if hasattr(self.chunking, "on_pace"):  # the prefill speed measured here: every rank sizes by it
+        if self.chunking.measures:  # the prefill speed measured here: every rank sizes by it
             self.chunking.on_pace = lambda scale: self._log.append(Command("pace", scale))
 
     def add(self, req: Req) -> Req:
@@ -105,8 +105,7 @@ class LeaderGone(RuntimeError):
 def follow(sched: Scheduler) -> None:
     """Ranks 1..N-1: apply rank 0's commands and step whenever there is work, until told to stop
     (or until rank 0 is gone: ``LeaderGone``)."""
-    if hasattr(sched.chunking, "measures"):  # its own step times differ from rank 0's: it takes rank 0's "pace"
-        sched.chunking.measures = False
+    sched.chunking.measures = False  # its own step times differ from rank 0's: it takes rank 0's "pace"
     while True:
         try:
             (commands,) = broadcast_objects(None)

@@ -66,7 +66,7 @@ class Scheduler:
         self.stats = CacheStats()
         self.recorder = Recorder()
         self.observers: list[BatchObserver] = self.recorder.observers  # called with each processed batch's event
-        if hasattr(self.chunking, "observe"):  # AdaptiveChunking measures the steps it sizes
+        if self.chunking.measures:  # AdaptiveChunking measures the steps it sizes
             self.chunking.target_s = config.step_time or self.chunking.target_s
             self.observers.append(self.chunking.observe)
         self._after_chunk = False

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 
 from minisgl.core import Req
 from minisgl.scheduler.chunking import ChunkingPolicy, PrefillCost
@@ -95,7 +94,6 @@ class AdaptiveChunking(TimedChunking):
     WINDOW = 8
     FIRST_TOKENS = 128  # the most a batch computes before any measurement (CPU_PREFILL_LENGTH); never cut by time
     measures = True  # False on tensor-parallel ranks 1..N-1
-    on_pace: Callable[[float], None] | None = None  # called with each new scale measured here
 
     def __init__(self, cost: PrefillCost | None = None, target_s: float = 0.5):
         super().__init__(cost)

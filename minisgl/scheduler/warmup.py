@@ -46,6 +46,5 @@ def warm_up(sched: Scheduler) -> float:
             sched.step()
     sched.flush_cache()
     sched.stats = CacheStats()
-    if hasattr(sched.chunking, "forget"):  # --step-time: steps that compiled kernels are no measure of speed
-        sched.chunking.forget()
+    sched.chunking.forget()  # --step-time: steps that compiled kernels are no measure of speed
     return time.perf_counter() - t

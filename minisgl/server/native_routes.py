@@ -1,7 +1,7 @@
 """The native routes: ``/generate`` (SGLang's shape: token ids in and out, greedy by default),
 ``/health`` and ``/stats``; and SGLang's others that its clients call (``sglang.bench_serving``,
 scripts written for SGLang): ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
-``/v1/tokenize`` and ``/v1/detokenize``, in SGLang's shapes (``minisgl/README.md``, "SGLang
+``/v1/tokenize`` and ``/v1/detokenize``, in SGLang's shapes (``docs/serving-ops.md``, "SGLang
 compatibility", says where they differ)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Why: a verify step that accepts none of a request's drafts outputs the one token a decode step would
 have, at a higher price: ``k + 1`` decode rows instead of one, and the host's lookup and verdict (on the
 CPU about 1.4 decode steps at batch 1, measured in lesson 15; on an H200 about 1.9, more at larger
-batches: ``minisgl/README.md``, "Speculative decoding"). On free chat the n-gram drafter finds short
+batches: ``docs/speculative-decoding.md``, "Speculative decoding"). On free chat the n-gram drafter finds short
 matches that are nearly never right.
 
 The policy, per request: after a verify step that accepted none of its drafts (a *failure*), the request

@@ -21,7 +21,7 @@ import browser_lab
 import pytest
 
 EXPLORER_LESSONS = browser_lab.explorer_lessons()
-TIMEOUT_S = 300  # per lesson, as in test_notebooks.py
+TIMEOUT_S = 300  # per lesson: a cap on the shared run (test_notebooks.py asserts each lesson's time limit)
 
 # CI (.ci/run installs Chromium) must run these: there a missing browser fails instead of skipping
 _MISSING = browser_lab.unavailable()

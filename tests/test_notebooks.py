@@ -23,7 +23,9 @@ import pytest
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
 NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
-TIMEOUT_S = 300  # per notebook, all cells together (kernel start-up excluded)
+# per notebook, all cells together (kernel start-up excluded): the README promises under two minutes on a
+# 2-core CPU, and this leaves a margin below it (CI's run prints each lesson's time in its summary)
+TIMEOUT_S = 100
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in IPython tracebacks
 
 pytestmark = pytest.mark.skipif(not NOTEBOOKS, reason="no lesson notebooks")
@@ -64,7 +66,8 @@ def test_notebook_runs(path: Path, record_property):
         run = browser_lab.run(path, TIMEOUT_S)  # shared with test_browser.py: one execution
         print(f"{path.name}: {run.seconds:.1f} s (JupyterLab)")
         record_property("lesson_seconds", (round(run.seconds, 1), "JupyterLab"))
-        if run.timed_out:
+        # the shared run may have been started by test_browser.py with its own, longer cap: the limit is this
+        if run.timed_out or run.seconds > TIMEOUT_S:
             pytest.fail(f"{path.name} did not finish within {TIMEOUT_S} s (in JupyterLab)", pytrace=False)
         error = browser_lab.first_error(run.nb)
         assert error is None, f"{path.name}: in JupyterLab, {error}"

@@ -38,11 +38,6 @@ class RequestOutput:
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
-def _give_back() -> None:
-    gc.unfreeze()
-    gc.collect()
-
-
 class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any):
         self.config = EngineConfig.from_kwargs(model=model, **engine_args)
@@ -57,10 +52,9 @@ class LLM:
         self.scheduler.add_eos_ids(eos_token_ids(self.tokenizer))
         self._uids = itertools.count()
         # The engine freezes what it built out of the collector's reach (Engine.__init__); once this LLM
-        # is dropped, its engine's reference cycles must be collectable again and collected at once, or
-        # a process that makes several engines (a notebook, the tests) keeps every one of them until a
-        # full collection happens to run (1.5 GB each for the embedded model in float32).
-        weakref.finalize(self, _give_back)
+        # is dropped, its engine's reference cycles must be collectable again, or a process that makes
+        # several engines (a notebook, the tests) keeps every one of them.
+        weakref.finalize(self, gc.unfreeze)
 
     @property
     def cache_stats(self) -> CacheStats:

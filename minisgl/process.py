@@ -19,6 +19,10 @@ import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,22 +69,24 @@ def die_with_parent(sig: int) -> None:
             pass
 
 
-def dont_fork(t) -> None:
-    """Linux: a fork of this process leaves out the whole pages of CPU tensor ``t`` (``MADV_DONTFORK``):
-    the fork copies no page table for them (1 GiB on 4 KiB pages: most of a fork's time) and the child,
-    which must never read them, does not keep them. Only for a tensor of 64 MiB or more: glibc maps any
-    block over 32 MiB on its own and unmaps it when freed, so the advice goes with it; a smaller one may
-    sit in the heap, whose pages other objects take once it is freed (a fork then lacks them: a crash).
-    Elsewhere, or for a device tensor: nothing."""
-    nbytes = t.numel() * t.element_size()
-    if not sys.platform.startswith("linux") or t.device.type != "cpu" or nbytes < 64 << 20:
-        return
-    start = -(-t.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = (t.data_ptr() + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 10)
-    except OSError:
-        pass
+def zeros_not_forked(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+    """``torch.zeros(shape, dtype, device)``; on Linux a CPU tensor of 64 MiB or more lies in an anonymous
+    mapping of its own that a fork of this process leaves out (``MADV_DONTFORK``): the fork copies no
+    page table for it (1 GiB on 4 KiB pages: most of a fork's time) and the child, which must never read
+    it, does not keep it. The mapping is the tensor's alone and is unmapped with it. (Advising the pages
+    of a ``torch.zeros`` instead is unsafe: malloc may carve even a large block out of free heap space,
+    and once freed those pages hold malloc's own lists, which a forked child then lacks: it crashes.)"""
+    import torch
+
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * dtype.itemsize
+    if not sys.platform.startswith("linux") or torch.device(device).type != "cpu" or nbytes < 64 << 20:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # zero-filled; the tensor keeps it
+    buf.madvise(mmap.MADV_DONTFORK)
+    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
 
 
 def _watch_parent(parent: int) -> None:

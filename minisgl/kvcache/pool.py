@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.kernels import kv_store_fn
-from minisgl.process import dont_fork
+from minisgl.process import zeros_not_forked
 
 
 class KVPool:
@@ -49,10 +49,10 @@ class KVPool:
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.compute_dtype = compute_dtype or dtype
         self.quantized = dtype.itemsize == 1
-        self.buffer = torch.zeros(
-            num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim, dtype=dtype, device=device
+        # a fork of the scheduler (a constraint's trial compile) copies no page table of it
+        self.buffer = zeros_not_forked(
+            (num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )
-        dont_fork(self.buffer)  # a fork of the scheduler (a constraint's trial compile) copies no page table of it
         self.scratch_slot = num_pages * page_size
         # float32 for the store kernels, compute_dtype copies for attention (equal: powers of two)
         self.k_scale = torch.ones(num_layers, num_kv_heads, dtype=torch.float32, device=device)

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from autograder import impl, pace, report
@@ -97,8 +96,21 @@ def grade_lab(
 ) -> dict:
     """Run one lab's tests in a pytest subprocess; return its results file as a dict. While it runs,
     ``progress`` gets a line now and then ("lab01: 7 of 19 tests graded, 41 s")."""
-    with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
-        results, ticks = Path(tmp) / "results.json", Path(tmp) / "progress"
+    run = LabRun(stem, folder, timeout, verbose, select, hidden, progress)
+    while (data := run.poll()) is None:
+        time.sleep(0.2)
+    return data
+
+
+class LabRun:
+    """One lab's pytest, started at once (a fork of this process where ``_FORK_PYTEST`` says so, else a
+    fresh interpreter); ``poll()`` gives None while it runs, then its results as a dict (once)."""
+
+    def __init__(self, stem: str, folder: Path, timeout: float | None, verbose: bool, select: str | None = None,
+                 hidden: bool = True, progress: Callable[[str], None] | None = None):  # fmt: skip
+        self.stem, self.verbose, self.select, self.progress = stem, verbose, select, progress
+        self._tmp = tempfile.TemporaryDirectory(prefix="autograder-")
+        self.results, self.ticks = Path(self._tmp.name) / "results.json", Path(self._tmp.name) / "progress"
         cmd = [
             sys.executable,
             "-m",
@@ -113,9 +125,9 @@ def grade_lab(
             "--impl",
             str(folder),
             "--ag-results",
-            str(results),
+            str(self.results),
             "--ag-progress",
-            str(ticks),
+            str(self.ticks),
         ]
         if hasattr(os, "fork"):  # elsewhere (Windows) tests run in-process under pytest-timeout
             cmd += ["--ag-isolate"]
@@ -125,42 +137,58 @@ def grade_lab(
             cmd += ["-k", select]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", impl.ENV: str(folder)}
         # files, not pipes: nobody reads a pipe while the lab runs; what a test printed may not be UTF-8
-        with (
-            tempfile.TemporaryFile("w+", errors="replace") as out,
-            tempfile.TemporaryFile("w+", errors="replace") as err,
-        ):
-            if _FORK_PYTEST[0]:
-                proc = _ForkedPytest(cmd[3:], env, out, err)
-            else:
-                proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-            start = last = time.monotonic()
-            while proc.poll() is None:
-                time.sleep(0.2)
-                if progress is not None and time.monotonic() - last >= PROGRESS_EVERY:
-                    last = time.monotonic()
-                    progress(f"{stem.split('_')[0]}: {_progress(ticks)}, {last - start:.0f} s so far")
-            out.seek(0)
-            err.seek(0)
-            stdout, stderr = out.read(), err.read()
-        if verbose:
-            print(stdout[-20000:], stderr[-5000:], sep="\n")
-        # pytest's exit codes 2..4: interrupted, internal error, usage error (bad @points totals...)
-        if not results.exists() or proc.returncode in (2, 3, 4):
-            tail = "\n".join((stdout + stderr).strip().split("\n")[-25:])
-            raise GraderError(f"pytest could not run the tests of {stem} (exit code {proc.returncode}):\n{tail}")
-        data = json.loads(results.read_text())
+        self._out = tempfile.TemporaryFile("w+", errors="replace")  # noqa: SIM115 (closed in poll)
+        self._err = tempfile.TemporaryFile("w+", errors="replace")  # noqa: SIM115
+        if _FORK_PYTEST[0]:
+            self.proc = _ForkedPytest(cmd[3:], env, self._out, self._err)
+        else:
+            self.proc = subprocess.Popen(
+                cmd, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err
+            )
+        self.start = self._last = time.monotonic()
+
+    def poll(self) -> dict | None:
+        if self.proc.poll() is None:
+            if self.progress is not None and time.monotonic() - self._last >= PROGRESS_EVERY:
+                self._last = time.monotonic()
+                took = self._last - self.start
+                self.progress(f"{self.stem.split('_')[0]}: {_progress(self.ticks)}, {took:.0f} s so far")
+            return None
+        try:
+            for f in (self._out, self._err):
+                f.seek(0)
+            stdout, stderr = self._out.read(), self._err.read()
+            if self.verbose:
+                print(stdout[-20000:], stderr[-5000:], sep="\n")
+            # pytest's exit codes 2..4: interrupted, internal error, usage error (bad @points totals...)
+            if not self.results.exists() or self.proc.returncode in (2, 3, 4):
+                tail = "\n".join((stdout + stderr).strip().split("\n")[-25:])
+                raise GraderError(
+                    f"pytest could not run the tests of {self.stem} (exit code {self.proc.returncode}):\n{tail}"
+                )
+            data = json.loads(self.results.read_text())
+        finally:
+            self.close()
         if data["errors"]:
-            raise GraderError(f"the tests of {stem} could not be collected:\n" + "\n".join(data["errors"]))
-        if not data["tests"] and not select:
-            raise GraderError(f"no tests were collected for {stem}")
+            raise GraderError(f"the tests of {self.stem} could not be collected:\n" + "\n".join(data["errors"]))
+        if not data["tests"] and not self.select:
+            raise GraderError(f"no tests were collected for {self.stem}")
         return data
 
+    def close(self) -> None:
+        """Stop the run if it still runs; remove its files."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for f in (self._out, self._err):
+            f.close()
+        self._tmp.cleanup()
 
-# Whether grade_lab runs pytest in a forked child of this process rather than a fresh interpreter.
-# main() turns it on where fork exists and labs are graded one at a time (fork and threads do not mix):
-# the child starts with torch imported (this process imports it to measure the pace), which is most of
-# a fresh pytest's start-up (~2 s a lab on the reference machine); ~300 grading runs of the
-# instructor's test suite paid it twice each before. What the child imports and runs is the same.
+
+# Whether a LabRun's pytest is a forked child of this process rather than a fresh interpreter. main()
+# turns it on where fork exists: the child starts with torch imported (this process imports it to
+# measure the pace), which is most of a fresh pytest's start-up (~2 s a lab on the reference machine).
+# The labs graded side by side (-j) are all started and polled from this one thread: fork and threads
+# do not mix. What the child imports and runs is the same as in a fresh interpreter.
 _FORK_PYTEST = [False]
 
 
@@ -204,6 +232,10 @@ class _ForkedPytest:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
+    def kill(self) -> None:
+        os.kill(self.pid, 9)
+        self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
 
 def _progress(ticks: Path) -> str:
     """``"7 of 19 tests graded"`` from the plugin's progress file (a line per event)."""
@@ -230,22 +262,26 @@ def estimate(stems: list[str], jobs: int, at_pace: float) -> str:
     return f"at most about {shown} here (a lab whose functions still raise NotImplementedError takes seconds)"
 
 
-def _graded(stems: list[str], jobs: int, grade: Callable[[str], dict]):
-    """``(stem, grade(stem))`` for every lab, each as soon as it is graded: one at a time in this
-    thread, each lab's pytest a fork of this process where fork exists (``_FORK_PYTEST``), or
-    ``jobs`` at a time from threads, each lab's pytest a fresh interpreter."""
-    if jobs == 1:
-        _FORK_PYTEST[0] = hasattr(os, "fork")
-        if _FORK_PYTEST[0]:
-            import torch  # noqa: F401  (once here, not in every lab's child; measuring the pace did already)
-        for stem in stems:
-            yield stem, grade(stem)
-        return
-    _FORK_PYTEST[0] = False
-    with ThreadPoolExecutor(jobs) as pool:
-        futures = {pool.submit(grade, stem): stem for stem in stems}
-        for done in as_completed(futures):
-            yield futures[done], done.result()
+def _graded(stems: list[str], jobs: int, start: Callable[[str], LabRun]):
+    """``(stem, results)`` for every lab, each as soon as it is graded, ``jobs`` of them running at a
+    time, each lab's pytest a fork of this process where fork exists (``_FORK_PYTEST``). A GraderError
+    stops the others."""
+    _FORK_PYTEST[0] = hasattr(os, "fork")
+    if _FORK_PYTEST[0]:
+        import torch  # noqa: F401  (once here, not in every lab's child; measuring the pace did already)
+    waiting, running = list(stems), []
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                running.append(start(waiting.pop(0)))
+            for run in list(running):
+                if (data := run.poll()) is not None:
+                    running.remove(run)
+                    yield run.stem, data
+            time.sleep(0.2)
+    finally:
+        for run in running:
+            run.close()
 
 
 def print_hints(stems: list[str] | None) -> int:
@@ -296,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; {pace.describe(at_pace)}" if at_pace >= 1.2 else "")
         )
         runs: dict[str, dict] = {}
-        grade = lambda stem: grade_lab(stem, folder, args.timeout, args.verbose, args.select, args.hidden, note)  # noqa: E731
+        start_lab = lambda stem: LabRun(stem, folder, args.timeout, args.verbose, args.select, args.hidden, note)  # noqa: E731
         unprinted = list(stems)  # each lab's line as soon as it and the labs before it are graded
-        for stem, data in _graded(stems, max(1, args.jobs), grade):  # a GraderError stops the run
+        for stem, data in _graded(stems, max(1, args.jobs), start_lab):  # a GraderError stops the run
             runs[stem] = data
             while unprinted and unprinted[0] in runs:
                 tests = runs[unprinted.pop(0)]["tests"]

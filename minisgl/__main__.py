@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         from minisgl.server.shell import run_shell
 
         return run_shell(args)
-    from minisgl.server.dp import launch_dp, routed
+    from minisgl.server.ops.dp import launch_dp, routed
 
     if routed(args):
         return launch_dp(args, sys.argv[1:] if argv is None else argv)

@@ -217,3 +217,19 @@ def test_the_engine_stays_small():
         if line.strip()
     )
     assert lines <= ENGINE_LINES, f"minisgl/ (without benchmark/) has {lines} non-blank lines, over {ENGINE_LINES}"
+
+
+# Lesson 11's path through the server: its processes, routes and schemas (server/, message/, tokenizer/);
+# what serving many users adds (connection guard, middleware, metrics, --dp, SGLang's flag spellings) is in
+# server/ops/, which only the files that wire a server together import.
+OPS_WIRING = {"minisgl.server.app", "minisgl.server.args", "minisgl.server.launch", "minisgl.server.generation"}
+SERVER_PATH_LINES = 3_150  # non-blank lines of lesson 11's path (3,365 before server/ops/ existed)
+
+
+def test_the_servers_reading_path_is_apart_from_its_operations():
+    teaching = [m for m in MODULES if m.startswith(("minisgl.server", "minisgl.message", "minisgl.tokenizer"))]
+    teaching = [m for m in teaching if not m.startswith("minisgl.server.ops")]
+    wiring = {m for m in teaching if any(i.startswith("minisgl.server.ops") for i in imports_of(m))}
+    assert wiring <= OPS_WIRING, f"files that import server/ops/ but do not wire the server: {wiring - OPS_WIRING}"
+    lines = sum(1 for m in teaching for line in MODULES[m].read_text().splitlines() if line.strip())
+    assert lines <= SERVER_PATH_LINES, f"lesson 11's path through the server has {lines} non-blank lines"

@@ -301,8 +301,8 @@ def test_dp_flags_are_checked():
 def test_dp_without_the_router_installed_says_how_to_get_it(monkeypatch, capsys):
     import importlib.util
 
-    from minisgl.server import dp
     from minisgl.server.args import parse_args
+    from minisgl.server.ops import dp
 
     real = importlib.util.find_spec
     hidden = lambda name, *a: None if name == "sglang_router" else real(name, *a)  # noqa: E731
@@ -313,8 +313,8 @@ def test_dp_without_the_router_installed_says_how_to_get_it(monkeypatch, capsys)
 
 def test_the_router_listens_on_loopback_only():
     """Whatever --host the front serves on, the router's routes are reachable from this machine only."""
-    from minisgl.server import dp
     from minisgl.server.args import parse_args
+    from minisgl.server.ops import dp
 
     args = parse_args(["--dp", "2", "--host", "0.0.0.0", "--port", "30000", "--api-key", "k"])
     cmd = dp.router_command(args, ["http://127.0.0.1:30001"], 41234)
@@ -322,8 +322,8 @@ def test_the_router_listens_on_loopback_only():
 
 
 def test_replicas_share_the_cpu_cores(monkeypatch):
-    from minisgl.server import dp
     from minisgl.server.args import parse_args
+    from minisgl.server.ops import dp
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(dp.os, "cpu_count", lambda: 8)

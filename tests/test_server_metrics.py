@@ -238,7 +238,7 @@ async def answer(stream: bool, script: list[tuple[float, object]]):
     from minisgl.core import SamplingParams
     from minisgl.message import TokenizeMsg
     from minisgl.server.generation import Generation, stream_or_collect
-    from minisgl.server.metrics import ServerMetrics
+    from minisgl.server.ops.metrics import ServerMetrics
 
     fe, metrics = FakeFrontend(), ServerMetrics(lambda: "fake")
     state = SimpleNamespace(sse_keepalive_s=EVERY, metrics=metrics)

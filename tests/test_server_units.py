@@ -206,7 +206,7 @@ def test_resource_errors_are_logged_once_per_interval():
     import errno
     import logging
 
-    from minisgl.server.connections import RepeatFilter
+    from minisgl.server.ops.connections import RepeatFilter
 
     now = [100.0]
     filt = RepeatFilter(every=5.0, clock=lambda: now[0])

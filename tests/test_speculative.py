@@ -379,7 +379,7 @@ def test_server_flags_stats_and_metrics(capsys):
     from prometheus_client import generate_latest
 
     from minisgl.server.args import parse_args
-    from minisgl.server.metrics import ServerMetrics
+    from minisgl.server.ops.metrics import ServerMetrics
     from minisgl.speculative.feature import SpecStats, spec_stats
 
     args = parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "3"])

@@ -12,12 +12,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from minisgl.message import Addresses
-from minisgl.server import metrics, native_routes, openai_routes
+from minisgl.server import native_routes, openai_routes
 from minisgl.server.args import HEALTH_TIMEOUT_S, SSE_KEEPALIVE_S
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.frontend import Frontend
-from minisgl.server.metrics import ServerMetrics
-from minisgl.server.middleware import Guard
+from minisgl.server.ops import metrics
+from minisgl.server.ops.metrics import ServerMetrics
+from minisgl.server.ops.middleware import Guard
 from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
 
 

@@ -32,7 +32,7 @@ from minisgl.tokenizer.detokenizer import StopStrings
 
 if TYPE_CHECKING:
     from minisgl.server.frontend import Frontend
-    from minisgl.server.metrics import SeqTimer, ServerMetrics
+    from minisgl.server.ops.metrics import SeqTimer, ServerMetrics
 
 
 class Tick:

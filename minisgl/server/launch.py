@@ -42,7 +42,7 @@ from minisgl.server.args import ServerArgs
 from minisgl.server.ipc import make_socket_folder
 
 if TYPE_CHECKING:
-    from minisgl.server.connections import ConnectionLimits
+    from minisgl.server.ops.connections import ConnectionLimits
 
 logger = logging.getLogger("minisgl.server")
 
@@ -168,7 +168,7 @@ async def _serve(
     import uvicorn
 
     from minisgl.server.app import create_app
-    from minisgl.server.connections import KEEP_ALIVE_S, guarded_protocol, limit_resource_errors
+    from minisgl.server.ops.connections import KEEP_ALIVE_S, guarded_protocol, limit_resource_errors
 
     app = create_app(
         addrs,
@@ -232,7 +232,7 @@ def launch(args: ServerArgs) -> int:
         return 2
     if args.node_rank > 0:
         return follow_node(args)
-    from minisgl.server.connections import plan_connections
+    from minisgl.server.ops.connections import plan_connections
 
     limits = plan_connections(args.max_connections, args.request_read_timeout)
     sock = bind_socket(args.host, args.port, limits.backlog)

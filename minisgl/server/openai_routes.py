@@ -17,7 +17,7 @@ from minisgl.server.generation import Generation, Seq, stream_chunker, stream_or
 from minisgl.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
-# the model sglang-router writes into a request that names none (minisgl/server/dp.py): served as
+# the model sglang-router writes into a request that names none (minisgl/server/ops/dp.py): served as
 # a request without a model, like the client sent it
 ROUTER_UNNAMED = "unknown"
 

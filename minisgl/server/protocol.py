@@ -323,7 +323,7 @@ class GenerateRequest(BaseModel):
     logprob_start_len: Annotated[int, Strict(), Field(ge=-1, le=2**31 - 1)] = -1  # -1: no prompt logprobs
     return_text_in_logprobs: StrictBool = False  # each logprob's token text too (else null)
     # SGLang's GenerateReqInput fields that sglang-router writes into every /generate it forwards
-    # (minisgl/server/dp.py), and SGLang's bench_serving (lora_path, return_routed_experts): those
+    # (minisgl/server/ops/dp.py), and SGLang's bench_serving (lora_path, return_routed_experts): those
     # that change nothing here take any value of their type; those that ask for what this server does
     # not do take only their "off" value
     model: Text | None = None

@@ -24,7 +24,7 @@ import time
 import httpx
 
 from minisgl.server.errors import error_response
-from minisgl.server.middleware import Guard
+from minisgl.server.ops.middleware import Guard
 
 logger = logging.getLogger("minisgl.dp")
 

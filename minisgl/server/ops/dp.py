@@ -160,7 +160,7 @@ def launch_dp(args: ServerArgs, argv: list[str]) -> int:
 
         if not _wait(ready, replicas, router):
             return 1
-        from minisgl.server.front import start_front
+        from minisgl.server.ops.front import start_front
 
         try:
             front, _ = start_front(args.host, args.port, f"http://127.0.0.1:{router_port}", args.api_key)

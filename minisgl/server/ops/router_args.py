@@ -1,5 +1,5 @@
 """The flags of ``python -m minisgl --dp N``: data-parallel replicas behind sglang-router, started by
-``minisgl/server/dp.py``."""
+``minisgl/server/ops/dp.py``."""
 
 from __future__ import annotations
 

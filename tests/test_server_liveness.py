@@ -57,9 +57,9 @@ def test_a_long_step_is_not_a_hang(tmp_path):
     s = ServerProcess(["--health-timeout", str(HEALTH_TIMEOUT)], tmp_path)
     try:
         s.wait_ready()
-        # one prefill step of several seconds (1,500 tokens took under the 4 s needed once the CPU kernels
-        # covered prefill)
-        body = {"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 1}}
+        # one prefill step of several seconds (nothing decodes: the whole prompt is one step); 1,500 tokens
+        # took under the 4 s needed once the CPU kernels covered prefill
+        body = {"input_ids": [5] * 3000, "sampling_params": {"max_new_tokens": 1}}
         result: list = []
 
         def run() -> None:

@@ -94,9 +94,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     from autograder import originality
 
     originality.FOUND.clear()
-    # refusals in the processes this test starts (a TP rank, a server) are written here
-    name = f"minisgl-ag-found-{os.getpid()}-{time.monotonic_ns()}.txt"
-    os.environ[originality.FOUND_ENV] = os.path.join(tempfile.gettempdir(), name)
+    # refusals in the processes this test starts (a TP rank, a server) are written here; a forked test's
+    # file is named by the runner, which watches it (runner._attempt)
+    if not item.config.getoption("ag_isolate"):
+        name = f"minisgl-ag-found-{os.getpid()}-{time.monotonic_ns()}.txt"
+        os.environ[originality.FOUND_ENV] = os.path.join(tempfile.gettempdir(), name)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -12,17 +12,19 @@ test's output as ``ag_output``; a test that did not report gets one failed repor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
 import pytest
 
-from autograder import pace
+from autograder import originality, pace
 from autograder.points import item_points, item_timeout, lab_of, short_name
 
 OUTPUT_LIMIT = 1 << 20  # bytes a test may print before it is stopped
@@ -80,6 +82,7 @@ class Attempt:
     seconds: float
     cpu_seconds: float | None  # of the test's process and everything it started; None if unknown
     output: str
+    refused: bool = False  # ``problem`` is a refusal of originality.py (in any of the test's processes)
 
 
 def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
@@ -112,7 +115,7 @@ def run_forked(item: pytest.Item) -> list[pytest.TestReport]:
                 )
     reports = attempt.reports
     if problem is not None:
-        reports = [failed_report(item, problem, attempt.seconds)]
+        reports = [failed_report(item, problem, attempt.seconds, refused=attempt.refused)]
     for r in reports:
         if attempt.output.strip():
             r.sections.append(("Captured output", attempt.output))
@@ -153,6 +156,11 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
     sys.stderr.flush()
     result_r, result_w = os.pipe()
     output_r, output_w = os.pipe()
+    # where the test's processes (this child, a server, a TP rank) write a refusal (originality.py): once
+    # one is there the test has failed, whatever it does next, so it is stopped (a refused server process
+    # would otherwise leave its client waiting for its time limit)
+    found = os.path.join(tempfile.gettempdir(), f"minisgl-ag-found-{os.getpid()}-{time.monotonic_ns()}.txt")
+    os.environ[originality.FOUND_ENV] = found
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -162,6 +170,7 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
     os.close(result_w)
     os.close(output_w)
     result, kept, printed, problem, timed_out, cpu = bytearray(), bytearray(), 0, None, False, None
+    engine_reference = False
     open_fds = {result_r, output_r}
     deadline = start + timeout
     status = None
@@ -193,6 +202,10 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
                         "(or print less inside loops)"
                     )
                     break
+                refused = originality.found_elsewhere()
+                if refused:
+                    problem, engine_reference = refused[0], True
+                    break
                 held = _tree_rss(pid)
                 if held is not None and held > memory_limit:
                     problem = (
@@ -216,6 +229,8 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
             _kill_group(pid, only_others=True)
         for fd in open_fds:
             os.close(fd)
+        with contextlib.suppress(OSError):
+            os.remove(found)
     duration = time.monotonic() - start
     output = kept.decode(errors="replace")
     if printed > len(kept):
@@ -231,7 +246,7 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
             problem = f"the test process sent back an unreadable result ({e})"
     if problem is None and not timed_out and not reports:
         problem = _describe_exit(status)
-    return Attempt(reports, problem, timed_out, duration, cpu, output)
+    return Attempt(reports, problem, timed_out, duration, cpu, output, engine_reference)
 
 
 def _tree_rss(pid: int) -> int | None:
@@ -295,7 +310,8 @@ def _describe_exit(status: int | None) -> str:
     )
 
 
-def failed_report(item: pytest.Item, message: str, duration: float) -> pytest.TestReport:
+def failed_report(item: pytest.Item, message: str, duration: float, refused: bool = False) -> pytest.TestReport:
+    """``refused``: ``message`` is a refusal (the engine's own code was used), which zeroes the lab."""
     return pytest.TestReport(
         nodeid=item.nodeid,
         location=item.location,
@@ -307,5 +323,5 @@ def failed_report(item: pytest.Item, message: str, duration: float) -> pytest.Te
         duration=duration,
         start=time.time() - duration,
         stop=time.time(),
-        user_properties=[("ag_message", message)],
+        user_properties=[("ag_message", message)] + ([("ag_engine_reference", message)] if refused else []),
     )

@@ -68,20 +68,23 @@ def pytest_configure(config):
         config.option.durations = 25
 
 
+_COLLECTED_AT = [0.0]  # resident GiB of this process after its last full collection
+
+
 @pytest.fixture(autouse=True)
 def _collectable_engines():
     """An engine freezes what it built out of the garbage collector's reach (``Engine.__init__``); an LLM
-    gives it back when dropped, and this does for whatever a test built otherwise (a bare Scheduler), so
-    a session of many engines does not keep them all."""
-    before = _rss_gb()
+    gives it back when dropped, but its reference cycles then wait for a full collection (the embedded
+    model's parity tests kept 1.5 GB each). Once the process has grown by half a GiB since the last one,
+    a full collection runs after the test; not after every test that built an engine: a full collection
+    of this process takes a few tenths of a second, and hundreds of tests build one."""
     yield
-    import gc
+    if _rss_gb() - _COLLECTED_AT[0] > 0.5:
+        import gc
 
-    # An LLM dropped by the test unfroze its engine, but its reference cycles wait for a full collection
-    # (the embedded model's parity tests kept 1.5 GB each): collect when the test grew this process.
-    if gc.get_freeze_count() or _rss_gb() - before > 0.25:
         gc.unfreeze()
         gc.collect()
+        _COLLECTED_AT[0] = _rss_gb()
 
 
 _RSS: list[tuple[float, str]] = []  # (resident GB of this process after the test, test id)

@@ -269,6 +269,19 @@ LABS: dict[str, LabReferences] = {
 GUARD_ENV = "MINISGL_AG_GUARD"  # set while grading: every process that loads a lab file installs the guards
 FOUND_ENV = "MINISGL_AG_FOUND"  # a file each refusal is appended to (refusals in other processes)
 FOUND: list[str] = []  # what the running test was caught using, in this process
+
+
+def name_found_file() -> str:
+    """Point ``$MINISGL_AG_FOUND`` at a fresh file for the test about to run (and the processes it starts);
+    returns its path."""
+    import tempfile
+    import time
+
+    path = os.path.join(tempfile.gettempdir(), f"minisgl-ag-found-{os.getpid()}-{time.monotonic_ns()}.txt")
+    os.environ[FOUND_ENV] = path
+    return path
+
+
 TOOLCHAIN = {"ninja", "c++", "g++", "gcc", "cc", "clang", "clang++", "ld", "nvcc", "cl", "link"}
 _GUARD_NAME = "__ag_guard__"
 _NO_SELF = object()

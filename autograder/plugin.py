@@ -88,8 +88,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    import tempfile
-    import time
 
     from autograder import originality
 
@@ -97,8 +95,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     # refusals in the processes this test starts (a TP rank, a server) are written here; a forked test's
     # file is named by the runner, which watches it (runner._attempt)
     if not item.config.getoption("ag_isolate"):
-        name = f"minisgl-ag-found-{os.getpid()}-{time.monotonic_ns()}.txt"
-        os.environ[originality.FOUND_ENV] = os.path.join(tempfile.gettempdir(), name)
+        originality.name_found_file()
 
 
 @pytest.hookimpl(wrapper=True)

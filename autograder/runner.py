@@ -18,7 +18,6 @@ import os
 import select
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -159,8 +158,7 @@ def _attempt(item: pytest.Item, timeout: float) -> Attempt:
     # where the test's processes (this child, a server, a TP rank) write a refusal (originality.py): once
     # one is there the test has failed, whatever it does next, so it is stopped (a refused server process
     # would otherwise leave its client waiting for its time limit)
-    found = os.path.join(tempfile.gettempdir(), f"minisgl-ag-found-{os.getpid()}-{time.monotonic_ns()}.txt")
-    os.environ[originality.FOUND_ENV] = found
+    found = originality.name_found_file()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:

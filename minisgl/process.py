@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import mmap
 import multiprocessing as mp
 import os
@@ -78,9 +79,7 @@ def zeros_not_forked(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
     and once freed those pages hold malloc's own lists, which a forked child then lacks: it crashes.)"""
     import torch
 
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
     if not sys.platform.startswith("linux") or torch.device(device).type != "cpu" or nbytes < 64 << 20:
         return torch.zeros(shape, dtype=dtype, device=device)

@@ -92,6 +92,8 @@ LABS: dict[str, LabReferences] = {
             "minisgl.kernels.cpu_fused:silu_and_mul",
             "minisgl.kernels.cpu_fused:apply_rope_with_cos_sin_cache_inplace",
             "minisgl.kernels.jit:cpu_module",  # the C++ kernels themselves (rmsnorm, silu_and_mul, rope, attention)
+            "minisgl.kernels.jit:kernels",  # the engine's chosen set of them (its .lib is that library)
+            "minisgl.kernels.jit:choose",
             "minisgl.kernels.paged_attention:paged_decode_attention",
             "minisgl.kernels.paged_attention:paged_decode_attention_torch",
             "minisgl.attention.torch_backend:TorchBackend",
@@ -229,6 +231,8 @@ LABS: dict[str, LabReferences] = {
             "minisgl.kernels.paged_attention:paged_decode_attention_torch",
             "minisgl.kernels.paged_attention:paged_decode_attention",  # the seam: the engine's kernel by default
             "minisgl.kernels.jit:cpu_module",  # the engine's compiled C++ (its paged_decode_attention)
+            "minisgl.kernels.jit:kernels",  # the same library, as the engine's chosen set
+            "minisgl.kernels.jit:choose",
         ),
         loaders=_TVM_LOADERS,
         loader_check="autograder.adapters.lab13:engine_build_used",

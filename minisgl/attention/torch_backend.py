@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.core import Batch
-from minisgl.kernels import paged_attention
+from minisgl.kernels.jit import kernels
 from minisgl.kernels.paged_attention import paged_decode_attention, paged_decode_attention_torch
 
 
@@ -77,7 +77,7 @@ class TorchBackend(AttentionBackend):
     def _attend(self, q, k, v, layer_id: int, md: TorchMetadata) -> torch.Tensor:
         bsz, heads, dim = md.kv_slots.shape[0], q.shape[1], q.shape[2]
         if md.q_index is None:  # decode: one query per request, K/V read where they lie
-            kernel = q.is_cpu and not self.pool.quantized and paged_attention.available()
+            kernel = q.is_cpu and not self.pool.quantized and kernels().lib is not None
             decode = paged_decode_attention if kernel else paged_decode_attention_torch
             out = decode(
                 q.view(bsz, heads, dim),

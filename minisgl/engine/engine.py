@@ -5,6 +5,7 @@ scheduler's job."""
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import logging
 import threading
@@ -20,7 +21,7 @@ from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import GRAPH_PLANS, GraphRunner, capture_sizes
 from minisgl.engine.sample import SAMPLERS, SamplingInfo
 from minisgl.feature import SampleHooks
-from minisgl.kernels.jit import cpu_module
+from minisgl.kernels.jit import CpuKernels, choose, cpu_module, use
 from minisgl.kvcache import REQ_TABLES, KVPool
 from minisgl.layers import LayerImpls
 from minisgl.models.decoder import DecoderForCausalLM
@@ -145,12 +146,18 @@ class Engine:
         info = SamplingInfo.plain(1, 1.0, vocab, self.device)
         self.sampler.sample(torch.zeros(1, vocab, dtype=self.dtype, device=self.device), info)
 
+    @functools.cached_property
+    def cpu_kernels(self) -> CpuKernels | None:
+        """The C++ kernels this engine's layers run, chosen once, at its first pass (after the build that
+        its start began; ``wait_built`` may say that it waits for it), for the level in use then; None on a GPU."""
+        return choose() if self.device.type == "cpu" else None
+
     @torch.inference_mode()
     def forward_batch(self, batch: Batch, info: SamplingInfo, hooks: SampleHooks | None = None) -> torch.Tensor:
         """Run the model on ``batch`` and sample: next token ids ``[batch.size]`` on the device.
         ``hooks``: what the batch's requests ask for besides their tokens (``minisgl/feature.py``)."""
         every = hooks is not None and hooks.needs_hidden  # the hidden states of every position
-        with forward_context(batch, self.attn_backend):
+        with forward_context(batch, self.attn_backend), use(self.cpu_kernels):
             if self.graph_runner is not None and self.graph_runner.can_run(batch) and not every:
                 logits = self.graph_runner.replay(batch)
             else:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kernels.jit import available, cpu_module, isa
+from minisgl.kernels.jit import available as available  # public here too (the tests ask it)
+from minisgl.kernels.jit import kernels
 from minisgl.kernels.small_linear import DTYPES, STREAM_ROWS
 
 WIDE = ("avx512", "avx2")  # levels whose kernels beat torch's ops at every size (measured)
@@ -23,26 +24,27 @@ WIDE = ("avx512", "avx2")  # levels whose kernels beat torch's ops at every size
 def applies(x: torch.Tensor) -> bool:
     """Whether these kernels take ``x`` (``[tokens, ...]``): on the CPU, float32 or bf16; past a few
     tokens only on the levels of ``WIDE`` (on the portable level torch's vectorised ops are faster)."""
-    if not (x.is_cpu and x.dtype in DTYPES and x.dim() >= 2 and available()):
+    if not (x.is_cpu and x.dtype in DTYPES and x.dim() >= 2):
         return False
-    return x.shape[0] <= STREAM_ROWS or isa() in WIDE
+    k = kernels()
+    return k.lib is not None and (x.shape[0] <= STREAM_ROWS or k.level in WIDE)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
-    cpu_module().rmsnorm(x, weight, out, eps)
+    kernels().lib.rmsnorm(x, weight, out, eps)
     return out
 
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place: ``residual += x``, then ``x = rmsnorm(residual)``."""
-    cpu_module().fused_add_rmsnorm(x, residual, weight, eps)
+    kernels().lib.fused_add_rmsnorm(x, residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype)
-    cpu_module().silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))
+    kernels().lib.silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))
     return out
 
 
@@ -52,4 +54,4 @@ def apply_rope_with_cos_sin_cache_inplace(
     """``q``/``k`` ``[tokens, heads * head_dim]``, rotated in place ("rotate half": ``is_neox``)."""
     if not is_neox:
         raise NotImplementedError("only the rotate-half (neox) layout")
-    cpu_module().rope(positions, q, k, cos_sin, head_dim)
+    kernels().lib.rope(positions, q, k, cos_sin, head_dim)

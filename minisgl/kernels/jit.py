@@ -27,8 +27,11 @@ import hashlib
 import logging
 import platform
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from minisgl.env import ENV
 
@@ -105,6 +108,43 @@ def cpu_module(level: str | None = None):
 
 def available() -> bool:
     return cpu_module() is not None
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """The C++ kernels one engine runs, chosen once (:func:`choose`) from the level in use, so that the
+    layers' per-call checks read two fields instead of asking the environment and the build again."""
+
+    level: str  # one of ISAS
+    lib: Any  # the compiled library (cpu_module(level)); None: every caller runs its torch version
+
+
+_IN_USE: list[CpuKernels] = []  # a stack: the innermost engine's forward pass wins (see forward_context)
+
+
+def choose() -> CpuKernels:
+    """The kernels for the level in use now (``MINISGL_CPU_ISA``, else the widest): waits for their build."""
+    level = isa()
+    return CpuKernels(level, cpu_module(level))
+
+
+@contextmanager
+def use(kernels: CpuKernels | None) -> Iterator[None]:
+    """Inside the block (an engine's forward pass), :func:`kernels` answers ``kernels`` (None: unchanged)."""
+    if kernels is None:
+        yield
+        return
+    _IN_USE.append(kernels)
+    try:
+        yield
+    finally:
+        _IN_USE.pop()
+
+
+def kernels() -> CpuKernels:
+    """The kernels a layer runs: its engine's inside a forward pass; elsewhere (a lesson calling a layer
+    by itself) those :func:`choose` picks at this call."""
+    return _IN_USE[-1] if _IN_USE else choose()
 
 
 def wait_built(say: Callable[[str], None]) -> None:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.kernels.jit import available as available  # its public name here (lessons 04 and 13 call it)
-from minisgl.kernels.jit import cpu_module
+from minisgl.kernels.jit import kernels
 from minisgl.registry import Registry
 
 # (q [B, H, D], k_pool [S, Hkv, D], v_pool [S, Hkv, D], slots [B, Lmax] int64, lens [B] int32, scale)
@@ -33,7 +33,7 @@ DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
 def paged_decode_attention_cpp(q, k_pool, v_pool, slots, lens, scale: float) -> torch.Tensor:
     """The engine's C++ kernel (``DecodeKernel``; see the C++ source for the contract)."""
     out = torch.empty_like(q)
-    cpu_module().paged_decode_attention(
+    kernels().lib.paged_decode_attention(
         q.contiguous(), k_pool, v_pool, slots, lens, out, scale, torch.get_num_threads()
     )
     return out

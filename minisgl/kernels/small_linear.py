@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.kernels.jit import available, cpu_module, isa
+from minisgl.kernels.jit import available as available  # public here too (the tests ask it)
+from minisgl.kernels.jit import kernels
 
 # Rows of x up to which linear() runs the kernel, by level (jit.ISAS) and dtype: past them torch's matmul
 # wins, or is not measured to lose (measured in docs/cpu.md, "The CPU decode step").
@@ -34,10 +35,11 @@ DTYPES = (torch.float32, torch.bfloat16)  # what the CPU kernels take
 
 
 def max_rows(dtype: torch.dtype) -> int:
-    """Rows of x up to which :func:`linear` runs the kernel on the level in use (``jit.isa()``), for
-    ``dtype`` (float32 or bfloat16; 0 for others). The C++ decode layer takes steps of up to as many
-    requests (``models/cpu_decode.py``)."""
-    return MAX_ROWS[isa()].get(dtype, 0)
+    """Rows of x up to which :func:`linear` runs the kernel on the level in use (``jit.kernels()``), for
+    ``dtype`` (float32 or bfloat16; 0 for others; 0 where the kernels are not built). The C++ decode layer
+    takes steps of up to as many requests (``models/cpu_decode.py``)."""
+    k = kernels()
+    return 0 if k.lib is None else MAX_ROWS[k.level].get(dtype, 0)
 
 
 def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -50,7 +52,6 @@ def uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.is_contiguous()
         and x.numel() <= ROW_LIMIT * x.shape[-1]
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and available()
         and x.numel() <= max_rows(x.dtype) * x.shape[-1]
     )
 
@@ -63,7 +64,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.dim() == 2 and x.is_contiguous()  # the decoder's case: no reshaping (~5 us a call)
     rows = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype)
-    cpu_module().small_linear(rows, weight, out, torch.get_num_threads())
+    kernels().lib.small_linear(rows, weight, out, torch.get_num_threads())
     if bias is not None:
         out += bias
     return out if flat else out.view(*x.shape[:-1], weight.shape[0])

@@ -20,7 +20,7 @@ from minisgl.attention.torch_backend import TorchBackend, TorchMetadata
 from minisgl.distributed import get_tp_info
 from minisgl.env import ENV
 from minisgl.kernels import paged_attention
-from minisgl.kernels.jit import cpu_module
+from minisgl.kernels.jit import kernels
 from minisgl.kernels.small_linear import DTYPES, max_rows
 from minisgl.layers import ACTIVATIONS, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
@@ -73,14 +73,14 @@ def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
     if args is None:  # decided once per model: which implementation each part is does not change
         taken = all(takes(layer) for layer in model.layers)
         args = model._cpu_decode_args = [layer_args(layer) for layer in model.layers] if taken else []
-    if not args or args[0][0][1].dtype != x.dtype or cpu_module() is None or x.shape[0] > max_rows(x.dtype):
+    if not args or args[0][0][1].dtype != x.dtype or x.shape[0] > max_rows(x.dtype):
         return None
     x = x.contiguous()
     residual = torch.empty_like(x)
-    cos_sin, pool, threads = model.rotary.cos_sin, backend.pool, torch.get_num_threads()
+    cos_sin, pool, threads, lib = model.rotary.cos_sin, backend.pool, torch.get_num_threads(), kernels().lib
     for i, (weights, layer_id, heads, kv_heads, eps, scale) in enumerate(args):
         ln1, w_qkv, qn, kn, *rest = weights
-        cpu_module().decode_layer(
+        lib.decode_layer(
             x, residual, i == 0, positions, cos_sin, ln1, w_qkv, qn, kn,
             pool.k_slots(layer_id), pool.v_slots(layer_id), batch.out_loc, md.kv_slots, md.seq_lens,
             *rest, heads, kv_heads, eps, scale, threads,

@@ -43,6 +43,7 @@ import torch
 from minisgl.attention.context import forward_context
 from minisgl.core import Batch, Req
 from minisgl.feature import Feature, SampleHooks
+from minisgl.kernels.jit import use
 from minisgl.speculative.backoff import Backoff
 from minisgl.speculative.base import DRAFTERS, VERIFIERS
 
@@ -167,7 +168,7 @@ class SpecManager(Feature):
         drafts = plan.drafts
         k1 = max(len(d) for d in drafts) + 1
         rows = decode_rows(batch)
-        with forward_context(rows, e.attn_backend):
+        with forward_context(rows, e.attn_backend), use(e.cpu_kernels):
             if e.graph_runner is not None and e.graph_runner.can_run(rows):
                 logits = e.graph_runner.replay(rows)  # [tokens, V]: the decode graph of that many rows
             else:

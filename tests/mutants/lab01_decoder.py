@@ -255,6 +255,23 @@ MUTANTS += [
         kind="engine_reference",
     ),
     Mutant(
+        "silu_and_mul_by_the_engines_chosen_kernels",
+        STEM,
+        (
+            (
+                "    gate, up = x.chunk(2, dim=-1)\n    return gate * torch.sigmoid(gate) * up\n",
+                "    from minisgl.kernels import jit\n\n"
+                "    out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype)\n"
+                "    jit.kernels().lib.silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))\n"
+                "    return out\n",
+            ),
+        ),
+        must_fail=("silu_and_mul", "rms_norm_fixed"),
+        hint="the engine's own",
+        why="silu_and_mul calls the C++ kernels the engine chose (jit.kernels()): the lab scores 0",
+        kind="engine_reference",
+    ),
+    Mutant(
         "attention_ignores_scale",
         STEM,
         (("keys) * scale  # [H, T, S]", "keys) * q.shape[-1] ** -0.5  # [H, T, S]"),),

@@ -280,6 +280,22 @@ def test_requests_sent_together_share_a_prefix_computed_in_their_batch(path):
     assert [u for u, _, _ in first_prefill] == [0]
 
 
+def test_the_overlap_loop_waits_for_a_prefix_its_batch_in_flight_computes(path):
+    """The overlap loop schedules the next batch before the last one is processed, so the first request's
+    prompt is not in the prefix cache yet when the others are admitted: they wait for it (one batch
+    later than the plain loop would admit them) instead of computing the shared 100 tokens again. The
+    first prefill batch holds only the first request: one prompt of 102 tokens fits the batch's budget."""
+    prefix = list(range(3, 103))
+    prompts = [prefix + [200 + i, 201 + i] for i in range(6)]
+    p = SamplingParams(max_tokens=3, ignore_eos=True)
+    llm = LLM(path, dtype="float32", components={"loop": "overlap"}, max_prefill_length=110, debug_checks=True)
+    outs = llm.generate(prompts, p, use_tqdm=False)
+    plain = LLM(path, dtype="float32").generate(prompts, p, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert [o.cached_tokens for o in outs] == [0] + [100] * 5
+    assert llm.cache_stats.prefill_tokens == 102 + 5 * 2
+
+
 def test_default_cpu_budget_keeps_running_streams_moving(path):
     """On a CPU a prefill batch's time is a pause of every running stream (an 8,000-token prompt
     paused them 32.6 s with one batch). By default, while requests decode, a prefill batch computes

@@ -50,8 +50,12 @@ class AdmissionContext:
         chunking: ChunkingPolicy,
         running: list[Req],
         tokens_left: float,
+        computing: Sequence[Req] = (),
     ):
+        """``computing``: requests whose whole prompt is in a launched batch not yet processed (the overlap
+        loop's): their prompts enter the prefix cache once it is."""
         self._cache, self._table, self._policy, self._chunking = cache, table, policy, chunking
+        self._computing = computing
         self.tokens_left = tokens_left  # new tokens this batch may still compute (inf: no budget)
         self.reserved_pages = sum(self._reservation(r, r.alloc_len) for r in running)  # promised to admitted ones
         self.extends: list[Extend] = []  # this batch so far (a continued chunk first, or after its joiners)
@@ -88,13 +92,14 @@ class AdmissionContext:
         return self._reservation(req, m.length if m is not None else 0)
 
     def waits_for_batch_prefix(self, req: Req) -> bool:
-        """True when a prompt of this batch shares a longer prefix with ``req`` than the cache does:
-        one batch later that prefix is cached, and ``req`` computes only the rest."""
-        if not self._cache.shares_prefixes or not self.extends:
+        """True when a prompt of this batch, or of the batch in flight, shares a longer prefix with ``req``
+        than the cache does: a batch later that prefix is cached, and ``req`` computes only the rest."""
+        prompts = [x.req.fill_ids for x in self.extends] + [r.input_ids for r in self._computing]
+        if not self._cache.shares_prefixes or not prompts:
             return False
         fill = req.fill_ids
         matchable = fill[: len(fill) - 1]
-        shared = max(common_prefix_len(x.req.fill_ids, matchable) for x in self.extends)
+        shared = max(common_prefix_len(p, matchable) for p in prompts)
         return self._cache.aligned(shared) > self._cache.match(matchable).length
 
     def match(self, req: Req) -> int:

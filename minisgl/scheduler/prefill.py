@@ -28,6 +28,10 @@ class PrefillManager:
         self.admission, self.chunking = admission, chunking
         self.pending: deque[Req] = deque()
         self.chunked: Req | None = None  # admitted, prompt partly prefilled: first in the next batch
+        # prompts completed by a launched batch and not yet in the prefix cache (the scheduler adds them
+        # when it prepares that batch and removes them when it processes it: only the overlap loop
+        # schedules in between); a request sharing a prefix with one waits for it, as for this batch's
+        self.computing: dict[Req, None] = {}
 
     @property
     def has_work(self) -> bool:
@@ -49,7 +53,9 @@ class PrefillManager:
         ``running``: the admitted requests, whose reservations stand; ``num_decoding`` of them decode
         (and wait for this batch)."""
         budget = self.chunking.budget(*self.budgets, num_decoding)
-        ctx = AdmissionContext(self.cache, self.table, self.admission, self.chunking, running, budget)
+        ctx = AdmissionContext(
+            self.cache, self.table, self.admission, self.chunking, running, budget, list(self.computing)
+        )
         # AdaptiveChunking: while a prompt is chunked, the waiting ones that fit whole in half the batch go
         # first (none is cut), then the chunk takes what is left; then, if its last piece leaves room, the rest
         joiners = self.chunking.alongside(list(self.pending)) if self.chunked and self.pending else []

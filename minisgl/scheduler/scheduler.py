@@ -253,6 +253,8 @@ class Scheduler:
         for req, end in zip(batch.reqs, batch.ends):
             keep = req.extend_to(end)
             batch.sample_mask.append(keep)
+            if keep and not req.output_ids and self.cache.shares_prefixes:  # process() shares this prompt
+                self.prefill.computing[req] = None
             if keep and self.prefill.chunked is not req:
                 self.decode.add(req)
         keep = [i for i, k in enumerate(batch.sample_mask) if k]
@@ -316,6 +318,8 @@ class Scheduler:
                     break
             if not finished and len(req.output_ids) == 1 and self.cache.shares_prefixes:
                 self.cache.share_prompt(req)
+        for req in batch.reqs:
+            self.prefill.computing.pop(req, None)
         self.recorder.processed(events)
         return events
 

@@ -14,6 +14,9 @@ Workloads:
          (133,966 output tokens)
   cpu    the same shape scaled down: 64 requests, prompts 32-256, outputs 16-128
   shared 64 requests sharing a 512-token prefix + distinct 32-token suffixes, 32 outputs each
+  prefix 512 requests sharing a 2,048-token prefix, distinct suffixes of 16-128 tokens, 32-256 outputs
+         (temperature 0.6, ignore_eos), all submitted at once: the ideal cache hit rate is reached when
+         every request after the first reuses the prefix (issue 55's held-out shape)
   long   256 requests, prompts of 1,024-2,048 tokens, 256-512 outputs (temperature 0.6, ignore_eos):
          ~490k tokens of context at the end, for runs whose KV pool holds a fraction of it at once
          (``--memory-ratio 0.1`` on an H200 with Qwen3-0.6B: ~115k tokens in bf16, twice that in FP8)
@@ -81,8 +84,15 @@ def make_workload(name: str, num_requests: int | None = None, vocab_limit: int =
         prefix = [random.randint(0, vocab_limit) for _ in range(512)]
         prompts = [prefix + [random.randint(0, vocab_limit) for _ in range(32)] for _ in range(n)]
         params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32) for _ in range(n)]
+    elif name == "prefix":
+        random.seed(0)
+        n = num_requests or 512
+        prefix = [random.randint(0, vocab_limit) for _ in range(2048)]
+        prompts = [prefix + [random.randint(0, vocab_limit) for _ in range(random.randint(16, 128))] for _ in range(n)]
+        lens = [random.randint(32, 256) for _ in range(n)]
+        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in lens]
     else:
-        raise ValueError(f"unknown workload {name!r}: nano, cpu, shared or long")
+        raise ValueError(f"unknown workload {name!r}: nano, cpu, shared, prefix or long")
     return Workload(name, prompts, params)
 
 
@@ -260,7 +270,7 @@ def _without(argv: list[str], *flags: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="cpu", choices=["nano", "cpu", "shared", "long"])
+    ap.add_argument("--workload", default="cpu", choices=["nano", "cpu", "shared", "prefix", "long"])
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--engine", default="minisgl", help="minisgl, hf, vllm, llamacpp, or several: minisgl,hf")
     ap.add_argument("--rounds", type=int, default=1, help="with several engines: each once per round")

@@ -39,6 +39,20 @@ GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (SamplingParams
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
+# vLLM's SamplingParams fields minisgl does not implement -> what to use instead (refused unless None)
+NOT_IMPLEMENTED = {
+    "best_of": "use n",
+    "use_beam_search": "sample with n",
+    "min_p": "use top_p or top_k",
+    "logit_bias": "constrain with regex or ebnf",
+    "allowed_token_ids": "constrain with regex or ebnf",
+    "bad_words": "constrain with regex or ebnf",
+    "guided_decoding": "use json_schema, regex or ebnf",
+    "logits_processors": "register a sampler (minisgl/engine/sample.py)",
+    "truncate_prompt_tokens": "shorten the prompt",
+}
+
+
 @dataclass
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy, and so does any temperature below
@@ -59,7 +73,7 @@ class SamplingParams:
     seed: int | None = None
     # what to report besides the tokens (minisgl/logprobs/): log-probabilities of the model's
     # distribution after the grammar mask, before temperature / top-k / top-p (vLLM's default)
-    logprobs: bool = False  # each output token's logprob
+    logprobs: bool | int = False  # each output token's logprob (an int: vLLM's, see below)
     top_logprobs: int = 0  # and the this many most likely tokens at each step (0..MAX_TOP_LOGPROBS)
     prompt_logprobs_from: int = -1  # score prompt tokens [from, prompt_len) too; -1: none (token 0 never has one)
     # constrained decoding (minisgl/grammar/): at most one of these
@@ -69,6 +83,22 @@ class SamplingParams:
     # with --speculative-algorithm: False opts this request out (it decodes one token per step). Requests
     # that sample plainly (``plain_sampling``) never draft either (minisgl/speculative/feature.py)
     speculative: bool = True
+    # vLLM's: LLM.generate makes n requests per prompt, cuts the text at stop strings and turns an int logprobs
+    # (top tokens per step) or prompt_logprobs into the fields above; the rest is minisgl/penalties.py's
+    n: int = 1
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+    min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many output tokens
+    presence_penalty: float = 0.0  # subtracted from the logit of every token the output holds
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0  # divides (positive) or multiplies logits of prompt and output tokens
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        for name in sorted(k for k, v in kwargs.items() if k in NOT_IMPLEMENTED and v is not None):
+            raise RequestError(f"{name} is not supported: {NOT_IMPLEMENTED[name]}", name)
+        return super().__new__(cls)
 
     def validate(self) -> None:
         """Raise ``RequestError`` naming the field and what to change."""
@@ -86,6 +116,22 @@ class SamplingParams:
         if not (isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             bound = f"[0, {MAX_TOP_LOGPROBS}]"
             raise RequestError(f"top_logprobs must be in {bound}, got {self.top_logprobs!r}", "top_logprobs")
+        for name in ("logprobs", "prompt_logprobs"):  # logprobs: a bool (ours) or vLLM's count of top tokens
+            v = getattr(self, name)
+            if not (v is None or isinstance(v, bool) or (isinstance(v, int) and 0 <= v <= MAX_TOP_LOGPROBS)):
+                raise RequestError(f"{name} must be a count in [0, {MAX_TOP_LOGPROBS}], got {v!r}", name)
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise RequestError(f"n must be a positive integer, got {self.n!r}", "n")
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if not (isinstance(stops, list) and all(isinstance(x, str) and x for x in stops)):
+            raise RequestError(f"stop must be a non-empty string or a list of them, got {self.stop!r}", "stop")
+        if not (isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= (m or self.min_tokens)):
+            raise RequestError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens!r}", "min_tokens")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (isinstance(v := getattr(self, name), (int, float)) and -2 <= v <= 2):
+                raise RequestError(f"{name} must be in [-2, 2] (0: off), got {v!r}", name)
+        if not (isinstance(r := self.repetition_penalty, (int, float)) and 0 < r < math.inf):
+            raise RequestError(f"repetition_penalty must be > 0 (1: off), got {r!r}", "repetition_penalty")
         if not isinstance(self.prompt_logprobs_from, int) or self.prompt_logprobs_from < -1:
             raise RequestError("prompt_logprobs_from must be -1 (none) or a position >= 0", "prompt_logprobs_from")
         if not isinstance(self.speculative, bool):
@@ -106,10 +152,15 @@ class SamplingParams:
         return self.logprobs or self.top_logprobs > 0
 
     @property
+    def penalized(self) -> bool:  # its logits change before sampling (minisgl/penalties.py)
+        pen = self.presence_penalty, self.frequency_penalty, self.repetition_penalty
+        return self.min_tokens > 0 or pen != (0, 0, 1)
+
+    @property
     def plain_sampling(self) -> bool:
-        """Every sampled token is computed on (a grammar's mask, its logprob): the request samples one
-        token a step, as a decode step does (it never drafts)."""
-        return self.grammar is not None or self.wants_logprobs
+        """Every sampled token is computed on (a grammar's mask, its logprob, a penalty): the request
+        samples one token a step, as a decode step does (it never drafts)."""
+        return self.grammar is not None or self.wants_logprobs or self.penalized
 
     @property
     def is_greedy(self) -> bool:

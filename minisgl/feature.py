@@ -130,6 +130,7 @@ FEATURES: Registry[Any] = Registry(
     {
         "grammar": "minisgl.grammar.manager:create",
         "logprobs": "minisgl.logprobs.feature:create",
+        "penalties": "minisgl.penalties:create",  # after logprobs: those are the model's distribution, as vLLM's
         "speculative": "minisgl.speculative.feature:create",
     },
 )

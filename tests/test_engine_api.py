@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -207,3 +210,133 @@ def _cached_llm(path, page_size, max_running, chunk, cache):
             debug_checks=True,
         )
     return _LLMS[key]
+
+
+# ---- vLLM's conventions: RequestOutput.outputs, n, stop strings, min_tokens, penalties, logprobs counts ----
+def test_vllm_style_script_runs_unchanged(llm):
+    outs = llm.generate(
+        ["Hello, my name is", "The capital of France is"],
+        SamplingParams(n=2, temperature=0.8, stop=["\n"], max_tokens=16, seed=5),
+        use_tqdm=False,
+    )
+    assert [o.prompt for o in outs] == ["Hello, my name is", "The capital of France is"]
+    for o in outs:
+        assert [c.index for c in o.outputs] == [0, 1] and o.finished
+        assert all("\n" not in c.text and c.finish_reason in ("stop", "length") for c in o.outputs)
+        assert o.text == o.outputs[0].text and o.token_ids == o.outputs[0].token_ids  # the flat fields: sample 0's
+        assert o.outputs[0].token_ids != o.outputs[1].token_ids, "a seeded request's n samples must differ"
+    again = llm.generate(["Hello, my name is"], SamplingParams(n=2, temperature=0.8, stop="\n", max_tokens=16, seed=5))
+    assert [c.token_ids for c in again[0].outputs] == [c.token_ids for c in outs[0].outputs], "and be repeatable"
+
+
+def test_stop_strings_cut_the_text(llm):
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    (free,) = llm.generate([[11, 12, 13]], sp, use_tqdm=False)
+    text = free.text
+    stop = next(text[i : i + 2] for i in range(3, len(text) - 2) if text.find(text[i : i + 2]) == i and text[i] != " ")
+    cut = text.index(stop)
+    (out,) = llm.generate([[11, 12, 13]], replace(sp, stop=[stop, "\x00never"]), use_tqdm=False)
+    c = out.outputs[0]
+    assert c.text == text[:cut] and c.finish_reason == "stop" and c.stop_reason == stop
+    assert len(c.token_ids) < 12 and c.token_ids == free.token_ids[: len(c.token_ids)], "it stops generating there"
+    (inc,) = llm.generate([[11, 12, 13]], replace(sp, stop=stop, include_stop_str_in_output=True), use_tqdm=False)
+    assert inc.text == text[:cut] + stop
+    (late,) = llm.generate([[11, 12, 13]], replace(sp, stop=stop, min_tokens=12), use_tqdm=False)
+    assert late.text == text and late.finish_reason == "length", "no stop string ends a sample before min_tokens"
+    assert not llm.scheduler.reqs, "a sample cut at a stop string leaves the scheduler"
+
+
+def test_min_tokens_keeps_eos_and_stop_tokens_away(llm):
+    (free,) = llm.generate([[7, 8, 9]], SamplingParams(max_tokens=10, ignore_eos=True), use_tqdm=False)
+    stop = free.token_ids[2]
+    first = free.token_ids.index(stop)
+    (short,) = llm.generate([[7, 8, 9]], SamplingParams(max_tokens=10, stop_token_ids=[stop]), use_tqdm=False)
+    assert len(short.token_ids) == first + 1 and short.outputs[0].stop_reason == stop
+    (held,) = llm.generate([[7, 8, 9]], SamplingParams(max_tokens=10, stop_token_ids=[stop], min_tokens=6))
+    assert stop not in held.token_ids[:6] and len(held.token_ids) >= 6
+    assert held.token_ids[:first] == free.token_ids[:first], "tokens other than the banned ones are unchanged"
+    llm.scheduler.eos_ids.add(stop)
+    try:
+        (eos,) = llm.generate([[7, 8, 9]], SamplingParams(max_tokens=10, min_tokens=6), use_tqdm=False)
+    finally:
+        llm.scheduler.eos_ids.discard(stop)
+    assert stop not in eos.token_ids[:6] and len(eos.token_ids) >= 6
+    assert eos.token_ids == held.token_ids[: len(eos.token_ids)] and eos.outputs[0].stop_reason is None
+
+
+def test_logprobs_count_is_vllms_shape_of_the_engines_logprobs(llm):
+    prompt = [21, 22, 23, 24]
+    hot = dict(max_tokens=5, temperature=1.3, seed=2, ignore_eos=True)
+    (ours,) = llm.generate([prompt], SamplingParams(**hot, logprobs=True, top_logprobs=2), use_tqdm=False)
+    (vllm,) = llm.generate([prompt], SamplingParams(**hot, logprobs=2), use_tqdm=False)
+    c = vllm.outputs[0]
+    assert c.token_ids == ours.token_ids and len(c.logprobs) == 5
+    for tok, lp, top, step in zip(c.token_ids, ours.logprobs, ours.top_logprobs, c.logprobs):
+        assert len(step) == (2 if tok in dict(top) else 3), "the 2 most likely, and the sampled token"
+        assert step[tok].logprob == pytest.approx(lp)
+        for rank, (t, v) in enumerate(top, 1):
+            assert step[t].rank == rank and step[t].logprob == pytest.approx(v)
+            assert step[t].decoded_token == llm.tokenizer.decode([t])
+    assert c.cumulative_logprob == pytest.approx(sum(ours.logprobs))
+    (zero,) = llm.generate([prompt], SamplingParams(**hot, logprobs=0, prompt_logprobs=1), use_tqdm=False)
+    assert [list(s) for s in zero.outputs[0].logprobs] == [[t] for t in c.token_ids], "logprobs=0: the sampled one"
+    assert zero.prompt_logprobs[0] is None and len(zero.prompt_logprobs) == len(prompt)
+    assert all(len(s) in (1, 2) and t in s for t, s in zip(prompt[1:], zero.prompt_logprobs[1:]))
+    (none,) = llm.generate([prompt], SamplingParams(**hot), use_tqdm=False)
+    assert none.outputs[0].logprobs is None and none.outputs[0].cumulative_logprob is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        (dict(min_p=0.1), "min_p"),
+        (dict(best_of=2), "best_of"),
+        (dict(logit_bias={5: 1.0}), "logit_bias"),
+        (dict(n=0), "n"),
+        (dict(logprobs=21), "logprobs"),
+        (dict(prompt_logprobs=-1), "prompt_logprobs"),
+        (dict(stop=["ok", ""]), "stop"),
+        (dict(min_tokens=9, max_tokens=8), "min_tokens"),
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+    ],
+)
+def test_unsupported_or_bad_vllm_params_raise_value_error(llm, kwargs, param):
+    with pytest.raises(ValueError, match=param) as e:
+        llm.generate([[1, 2]], SamplingParams(**kwargs), use_tqdm=False)
+    assert e.value.param == param and not llm.scheduler.reqs
+
+
+@torch.inference_mode()
+def penalized_reference(path, prompt, tokens, rep, freq, pres):
+    """Check each of ``tokens`` against HF's logits at its step, penalized by hand: the engine's choice must be
+    the penalized maximum (within float32 noise); returns how many steps the penalty changed HF's argmax."""
+    from hf_ref import hf_model
+
+    logits = hf_model(path)(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 :].float()
+    changed = 0
+    for j, tok in enumerate(tokens):
+        x, out = logits[j].clone(), torch.tensor(tokens[:j], dtype=torch.int64)
+        seen = torch.tensor(sorted(set(prompt + tokens[:j])))
+        x[seen] = torch.where(x[seen] > 0, x[seen] / rep, x[seen] * rep)
+        count = torch.bincount(out, minlength=len(x)).float()
+        x -= freq * count + pres * (count > 0)
+        assert float(x[tok]) >= float(x.max()) - 1e-4, f"step {j}: {tok} is not the penalized argmax {int(x.argmax())}"
+        changed += int(logits[j].argmax()) != tok
+    return changed
+
+
+@pytest.mark.parametrize("loop", ["plain", "overlap"])
+def test_penalties_equal_hf_logits_penalized_and_leave_batch_mates_alone(tiny_llama, loop):
+    llm = LLM(str(tiny_llama), dtype="float32", debug_checks=True, components={"loop": loop})
+    prompt, other = [19556], [40, 41, 42]  # greedy, the prompt repeats one token 5 times: a penalty bites
+    greedy = SamplingParams(max_tokens=10, ignore_eos=True)
+    sampled = replace(greedy, temperature=0.9, seed=4)
+    alone = [llm.generate([p], sp, use_tqdm=False)[0].token_ids for p, sp in ((other, greedy), (other, sampled))]
+    for rep, freq, pres in ((1.6, 0.0, 0.0), (1.0, 0.7, 0.5), (1.3, -0.4, 0.3)):
+        pen = replace(greedy, repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
+        outs = llm.generate([prompt, other, other], [pen, greedy, sampled], use_tqdm=False)
+        assert [o.token_ids for o in outs[1:]] == alone, "a batch-mate's penalty changed another request's tokens"
+        assert penalized_reference(tiny_llama, prompt, outs[0].token_ids, rep, freq, pres) > 0, "a penalty never bit"
+        assert llm.generate([prompt], pen, use_tqdm=False)[0].token_ids == outs[0].token_ids, "alone == batched"

@@ -87,7 +87,8 @@ class TokenizeMsg:
     sampling: SamplingParams
     text: str | None = None
     input_ids: list[int] | None = None
-    messages: list[dict[str, str]] | None = None  # chat: the template is applied by the tokenizer
+    messages: list[dict[str, Any]] | None = None  # chat: the template is applied by the tokenizer
+    tools: list[dict[str, Any]] | None = None  # a chat's tools, for its template (minisgl/toolcall/render.py)
 
 
 @_register

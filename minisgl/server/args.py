@@ -14,6 +14,7 @@ from minisgl.env import help_table
 from minisgl.server.ops.router_args import add_dp_args, check_dp_args
 from minisgl.server.ops.sglang_args import add_sglang_args, apply_sglang_args
 from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
+from minisgl.toolcall import REASONING_PARSERS
 
 DEFAULT_READ_TIMEOUT_S = 30.0  # --request-read-timeout
 DEFAULT_MAX_CONNECTIONS = 10_000  # --max-connections, unless the open-file limit allows fewer
@@ -49,6 +50,7 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: str | None = None  # host:port of node 0's rendezvous (required with nnodes > 1)
     served_model_name: str | None = None  # the name clients see; None: --model as given (SGLang's flag)
+    reasoning_parser: str = "auto"  # <think> text as reasoning_content (minisgl/toolcall/parse.py)
     trust_remote_code: bool = False  # accepted for SGLang's command lines; never acted on
     dp: int = 1  # replicas behind sglang-router (minisgl/server/ops/router_args.py, dp.py); 1: this process serves
     router_policy: str = "cache_aware"
@@ -123,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=MAX_SEQUENCES_PER_REQUEST,
         help="most sequences (prompts x n) one request may ask for; more get a 400 (default %(default)s)",
+    )
+    ap.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=REASONING_PARSERS,
+        help="<think> text as reasoning_content: qwen3, none, or auto (qwen3 if the chat template knows <think>)",
     )
     ap.add_argument("--shell", "--shell-mode", action="store_true", help="chat in the terminal instead of serving HTTP")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="(default info)")
@@ -233,6 +241,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         node_rank=ns.node_rank,
         dist_init_addr=ns.dist_init_addr,
         served_model_name=ns.served_model_name,
+        reasoning_parser=ns.reasoning_parser,
         trust_remote_code=ns.trust_remote_code,
         dp=ns.dp,
         router_policy=ns.router_policy,

@@ -15,6 +15,7 @@ from minisgl.server.errors import ApiError
 from minisgl.server.frontend import Frontend, frontend_of
 from minisgl.server.generation import Generation, Seq, stream_chunker, stream_or_collect
 from minisgl.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
+from minisgl.toolcall import chat_output
 
 router = APIRouter()
 # the model sglang-router writes into a request that names none (minisgl/server/ops/dp.py): served as
@@ -96,10 +97,13 @@ async def model(model_id: str, request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     fe = check_supported(request, req, 1)
-    sp = req.sampling(req.requested_max_tokens)  # None: the rest of the context, as OpenAI does
-    messages = [m.as_template_input() for m in req.messages]
-    msgs = [TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), messages=messages) for j in range(req.n)]
+    traits = fe.workers.get("tokenizer", {})  # the chat template's tool-call format (minisgl/toolcall/)
+    sp = req.sampling(req.requested_max_tokens, traits.get("tool_format", "hermes"))  # None: the rest of the context
+    messages, tools = [m.as_template_input() for m in req.messages], req.template_tools()
+    msgs = [TokenizeMsg(fe.new_uid(), choice_sampling(sp, j), messages=messages, tools=tools) for j in range(req.n)]
     gen = Generation(fe, msgs, req.stop, req.n)
+    parser = getattr(getattr(request.app.state, "server_args", None), "reasoning_parser", "auto")
+    outs = [chat_output(req.tools, req.tool_mode, traits, parser) for _ in msgs]  # reasoning, content, calls
     rid, model = f"chatcmpl-{uuid.uuid4().hex}", fe.model_name
     chunk = stream_chunker(rid, "chat.completion.chunk", gen.created, model, req.include_usage)
 
@@ -109,19 +113,19 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
 
     def events(s: Seq):
         text = s.take_text()
-        if text:
-            yield delta(s, {"content": text}, None)
         reason = s.take_finish()
+        for d in outs[s.index].deltas(text, reason is not None):
+            yield delta(s, d, None)
         if reason:
-            yield delta(s, {}, reason)
+            yield delta(s, {}, outs[s.index].finish(reason))
 
     def body() -> dict[str, Any]:
         choices = [
             {
                 "index": s.index,
-                "message": {"role": "assistant", "content": s.text},
+                "message": outs[s.index].message(s.text),
                 "logprobs": s.lp.chat(range(len(s.lp.out.logprobs))) if req.logprobs else None,
-                "finish_reason": s.finish_reason,
+                "finish_reason": outs[s.index].finish(s.finish_reason),
             }
             for s in gen.seqs
         ]

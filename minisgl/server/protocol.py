@@ -8,13 +8,13 @@ msgpack cannot encode a Python int of 2^64 or more) and strings are valid Unicod
 allows a lone surrogate such as ``"\\ud800"``, which UTF-8 cannot encode). What depends on the
 model (token ids in ``[0, vocab)``, the context length) is the scheduler's check (``make_request``).
 Unknown fields are ignored, as clients written for other servers send extras; fields we know but
-do not implement (penalties, tools, ...) are refused rather than silently ignored.
+do not implement (penalties, ...) are refused rather than silently ignored.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -30,6 +30,8 @@ from pydantic import (
 
 from minisgl.core import MAX_TOP_LOGPROBS, SamplingParams
 from minisgl.grammar.limits import MAX_DEPTH, json_depth
+from minisgl.grammar.tools import check_parameters, tool_grammar
+from minisgl.toolcall.request import ToolRequest, ToolTurn
 
 
 def _valid_unicode(s: str) -> str:
@@ -63,9 +65,7 @@ UNSUPPORTED = {
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "repetition_penalty": (None, 1, 1.0),
-    "tools": (None, []),
-    "functions": (None, []),
-    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),  # the old form of tools
 }
 TopLogprobs = Annotated[int, Strict(), Field(ge=0, le=MAX_TOP_LOGPROBS)]  # OpenAI's bound (0..20)
 
@@ -143,8 +143,9 @@ class _Request(BaseModel):
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _Request:
-        if sum(x is not None for x in (self.json_schema_text, self.regex, self.ebnf)) > 1:
-            raise ValueError("give at most one of response_format (json_object, json_schema), regex and ebnf")
+        given = (self.json_schema_text, self.regex, self.ebnf, getattr(self, "tool_constraint", None))  # tools: chat's
+        if sum(x is not None for x in given) > 1:
+            raise ValueError("give at most one of response_format (json_object, json_schema), regex, ebnf and tools")
         return self
 
     @property
@@ -189,8 +190,8 @@ class TextPart(BaseModel):
     text: Text
 
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
+class ChatMessage(ToolTurn):  # an assistant's tool_calls, a tool message's tool_call_id (minisgl/toolcall/)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None  # required but for an assistant's turn
     name: Text | None = None
 
@@ -202,15 +203,16 @@ class ChatMessage(BaseModel):
             raise ValueError(f"a {self.role} message needs content (only an assistant message may have none)")
         return self
 
-    def as_template_input(self) -> dict[str, str]:
+    def as_template_input(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             content = "\n".join(p.text for p in content)
         role = "system" if self.role == "developer" else self.role  # developer: OpenAI's newer name
-        return {"role": role, "content": content or ""}
+        return {"role": role, "content": content or "", **self.tool_fields()}
 
 
-class ChatCompletionRequest(_Request):
+class ChatCompletionRequest(ToolRequest, _Request):
+    check_parameters: ClassVar = staticmethod(check_parameters)  # ToolRequest's check of each tool's schema
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInt32 | None = None
     logprobs: StrictBool | None = None
@@ -222,9 +224,11 @@ class ChatCompletionRequest(_Request):
             raise ValueError("top_logprobs needs logprobs: true")
         return self
 
-    def sampling(self, max_tokens: int | None) -> SamplingParams:
+    def sampling(self, max_tokens: int | None, tool_format: str = "hermes") -> SamplingParams:
         sp = super().sampling(max_tokens)
         sp.logprobs, sp.top_logprobs = bool(self.logprobs), (self.top_logprobs or 0) if self.logprobs else 0
+        if tools := self.template_tools():  # the calls follow their schemas (None: free, grammar/tools.py)
+            sp.ebnf = tool_grammar(tools, self.tool_mode_value, self.parallel_tool_calls, tool_format)
         return sp
 
     @property

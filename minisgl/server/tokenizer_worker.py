@@ -31,6 +31,7 @@ from minisgl.models.resolve import resolve_model
 from minisgl.process import setup_child
 from minisgl.server.ipc import MsgReader, bind_inbox
 from minisgl.tokenizer import eos_token_ids, load_tokenizer, tokenize
+from minisgl.toolcall import chat_traits, render_chat
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,10 @@ def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_l
     to_scheduler, to_frontend = push(addrs.scheduler), push(addrs.frontend)
     # to the scheduler, which takes the tokenizer's EOS ids from it and passes it on: the message
     # reaches the API server through every stage, and before any request (same pipes, in order)
-    to_scheduler.send(encode(ReadyMsg("tokenizer", {"eos_ids": sorted(eos_token_ids(tokenizer))})))
+    # (and what the API server must know of the chat template: tool-call format, <think>)
+    to_scheduler.send(
+        encode(ReadyMsg("tokenizer", {"eos_ids": sorted(eos_token_ids(tokenizer)), **chat_traits(tokenizer)}))
+    )
     logger.info("tokenizer ready")
     while True:
         msg = reader.read(inbox.recv())
@@ -77,7 +81,8 @@ def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_l
             to_scheduler.send(encode(msg))
             continue
         try:
-            ids = tokenize(tokenizer, msg.text, msg.input_ids, msg.messages)
+            chat = render_chat(tokenizer, msg.messages, msg.tools) if msg.messages is not None else (None, None)
+            ids = tokenize(tokenizer, msg.text, msg.input_ids, *chat)
         except Exception as e:  # a template or tokenizer error is the input's fault, not ours
             param = "messages" if msg.messages is not None else "prompt"
             to_frontend.send(encode(ErrorMsg(msg.uid, str(e) or type(e).__name__, 400, param=param)))

@@ -25,22 +25,27 @@ def eos_token_ids(tokenizer: Any) -> set[int]:
     return {int(tokenizer.eos_token_id)}
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def apply_chat_template(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template; send a plain prompt instead")
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    kw = {"tools": tools} if tools else {}  # a chat without tools renders as it always did
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
     if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
         out = out["input_ids"]
     return list(out)
 
 
 def tokenize(
-    tokenizer: Any, text: str | None = None, input_ids: list[int] | None = None, messages: list[dict] | None = None
+    tokenizer: Any,
+    text: str | None = None,
+    input_ids: list[int] | None = None,
+    messages: list[dict] | None = None,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """The prompt's token ids from exactly one of ``text``, ``input_ids`` or a chat's ``messages``;
     ``ValueError`` says what is wrong with the input (the scheduler checks the ids themselves)."""
     if messages is not None:
-        return apply_chat_template(tokenizer, messages)
+        return apply_chat_template(tokenizer, messages, tools)
     if text is not None:
         if tokenizer is None:
             raise ValueError("this model has no tokenizer: send the prompt as token ids")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from minisgl.core import Req
+from minisgl.core import Batch, Req
 from minisgl.kvcache import ReqTable
 from minisgl.scheduler.admission import AdmissionContext, AdmissionPolicy, Extend
 from minisgl.scheduler.cache import CacheManager
@@ -28,9 +28,8 @@ class PrefillManager:
         self.admission, self.chunking = admission, chunking
         self.pending: deque[Req] = deque()
         self.chunked: Req | None = None  # admitted, prompt partly prefilled: first in the next batch
-        # prompts completed by a launched batch and not yet in the prefix cache (the scheduler adds them
-        # when it prepares that batch and removes them when it processes it: only the overlap loop
-        # schedules in between); a request sharing a prefix with one waits for it, as for this batch's
+        # prompts completed by a launched batch, not yet in the prefix cache (only the overlap loop schedules
+        # between its launch and its processing): a request sharing a prefix with one waits for it
         self.computing: dict[Req, None] = {}
 
     @property
@@ -39,6 +38,16 @@ class PrefillManager:
 
     def add(self, req: Req) -> None:
         self.pending.append(req)
+
+    def launching(self, batch: Batch, shares_prefixes: bool) -> None:
+        """``batch`` is prepared: the prompts it completes (a kept sample, no output yet) are computing."""
+        if shares_prefixes:
+            self.computing.update((r, None) for r, k in zip(batch.reqs, batch.sample_mask) if k and not r.output_ids)
+
+    def processed(self, batch: Batch) -> None:
+        """``batch``'s outputs are processed: the prompts it completed are in the prefix cache now."""
+        for req in batch.reqs:
+            self.computing.pop(req, None)
 
     def remove(self, req: Req) -> bool:
         """Drop a request that is waiting (not admitted); False if it is not waiting."""

@@ -132,8 +132,7 @@ class Scheduler:
         self.eos_ids |= {int(i) for i in ids}
 
     def flush_cache(self) -> None:
-        """Forget every cached prefix no running request holds (benchmarks time each run from an
-        empty cache). Goes through the scheduler, not ``self.cache``, so that TP ranks do it too."""
+        """Forget every cached prefix no running request holds (through the scheduler: TP ranks too)."""
         self.cache.flush()
 
     @property
@@ -253,10 +252,9 @@ class Scheduler:
         for req, end in zip(batch.reqs, batch.ends):
             keep = req.extend_to(end)
             batch.sample_mask.append(keep)
-            if keep and not req.output_ids and self.cache.shares_prefixes:  # process() shares this prompt
-                self.prefill.computing[req] = None
             if keep and self.prefill.chunked is not req:
                 self.decode.add(req)
+        self.prefill.launching(batch, self.cache.shares_prefixes)
         keep = [i for i, k in enumerate(batch.sample_mask) if k]
         self._sampled = (dev(i64(keep)), dev(ends[keep])) if len(keep) < batch.size else None
         self.recorder.prepared(self, batch)
@@ -318,8 +316,7 @@ class Scheduler:
                     break
             if not finished and len(req.output_ids) == 1 and self.cache.shares_prefixes:
                 self.cache.share_prompt(req)
-        for req in batch.reqs:
-            self.prefill.computing.pop(req, None)
+        self.prefill.processed(batch)
         self.recorder.processed(events)
         return events
 

@@ -128,6 +128,96 @@ def test_metrics_count_the_traffic(server, model):
     assert rest["sglang:cache_hit_rate", None] == pytest.approx(idle["cache"]["hit_rate"])
 
 
+# Every series the panels of SGLang's Grafana dashboard query (sgl-project/sglang,
+# examples/monitoring/grafana/dashboards/json/sglang-dashboard.json): its PromQL names these
+DASHBOARD_SERIES = [
+    "sglang:e2e_request_latency_seconds_bucket",  # histogram_quantile(0.99|0.9|0.5, sum by (le) (rate(...)))
+    "sglang:e2e_request_latency_seconds_sum",  # rate(_sum) / rate(_count): the average
+    "sglang:e2e_request_latency_seconds_count",
+    "sglang:time_to_first_token_seconds_bucket",
+    "sglang:time_to_first_token_seconds_sum",
+    "sglang:time_to_first_token_seconds_count",
+    "sglang:num_running_reqs",
+    "sglang:gen_throughput",
+    "sglang:cache_hit_rate",
+    "sglang:num_queue_reqs",
+]
+
+
+def test_the_dashboards_series_and_the_schedulers_have_data(server, model):
+    """After a few requests every series the dashboard's panels read is there, and so are the scheduler's
+    own: queue time, time per output token, generation throughput, retractions, KV usage."""
+    wait_idle(server)
+    before, t0 = scrape(server, model), time.monotonic()
+    stats0 = server.stats()
+    lengths = [(list(range(40 + i, 60 + i)), 8 + i) for i in range(3)]
+    for prompt, n in lengths:
+        r = post(
+            server, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": n, "ignore_eos": True}}
+        )
+        assert r.status_code == 200, r.text
+    stats = wait_idle(server)
+    after, took = scrape(server, model), time.monotonic() - t0
+    for series in DASHBOARD_SERIES:
+        assert any(name == series for name, _ in after), f"{series} is missing"
+    for hist in ("e2e_request_latency", "time_to_first_token"):
+        assert delta(after, before, f"sglang:{hist}_seconds_count") == 3
+    # the scheduler's tokens over the time between the two scrapes, the tokens it counted itself
+    generated = stats["generated_tokens"] - stats0["generated_tokens"]
+    assert generated == sum(n for _, n in lengths)
+    assert 0.5 * generated / took <= after["sglang:gen_throughput", None] <= 1.5 * generated / took
+    queue = "sglang:queue_time_seconds"
+    assert delta(after, before, f"{queue}_count") == 3, "one wait per request, measured by the scheduler"
+    assert 0 <= delta(after, before, f"{queue}_sum") < took
+    assert stats["queue_times"]["count"] >= 3
+    buckets = [float(le) for (name, le) in after if name == f"{queue}_bucket" and le != "+Inf"]
+    assert buckets[:5] == [0.0, 0.1, 0.2, 0.5, 1.0] and buckets[-1] == 3000.0 and len(buckets) == 36  # SGLang's
+    tpot = "sglang:time_per_output_token_seconds"
+    assert delta(after, before, f"{tpot}_count") == 3
+    assert 0 < delta(after, before, f"{tpot}_sum") < delta(after, before, "sglang:e2e_request_latency_seconds_sum")
+    assert after["sglang:num_retracted_requests_total", None] == stats["retracted_requests"]
+    assert after["sglang:num_retracted_reqs", None] == 0  # none since the last scrape
+    assert after["sglang:token_usage", None] == 0 and after["sglang:num_used_tokens", None] == 0  # idle again
+    later = scrape(server, model)  # nothing generated since: the throughput falls to 0
+    assert later["sglang:gen_throughput", None] == 0 and delta(later, after, f"{queue}_count") == 0
+
+
+def test_scheduler_series_in_process():
+    """Fed from the scheduler's stats at each scrape: each wait observed once (several readers of its
+    window may come), the throughput over the time since the last scrape, retractions as a counter."""
+    from minisgl.server.ops.metrics import ServerMetrics
+
+    m = ServerMetrics(lambda: "fake")
+    value = lambda name: m.registry.get_sample_value(name, {"model_name": "fake"})
+    kv = {"total_slots": 10, "free_slots": 10, "evictable_slots": 0, "usage": 0.0}
+    base = dict(running_requests=0, waiting_requests=0, kv=kv, cache={"hit_rate": 0.0})
+    base["speculative"] = {"accept_rate": 0.0, "accept_length": 0.0}
+
+    def scrape(count, latest, tokens, retracted):
+        m.set_gauges(
+            base
+            | dict(
+                queue_times={"count": count, "latest": latest}, generated_tokens=tokens, retracted_requests=retracted
+            )
+        )
+
+    scrape(2, [0.05, 3.0], 0, 0)
+    assert value("sglang:queue_time_seconds_count") == 2 and value("sglang:queue_time_seconds_sum") == pytest.approx(
+        3.05
+    )
+    m._last = (m._last[0] - 2.0, 0, 0)  # as if the last scrape were two seconds ago
+    scrape(3, [0.05, 3.0, 0.5], 100, 1)
+    assert value("sglang:queue_time_seconds_count") == 3 and value("sglang:queue_time_seconds_sum") == pytest.approx(
+        3.55
+    )
+    assert 45 <= value("sglang:gen_throughput") <= 50  # 100 tokens in a little over 2 s
+    assert value("sglang:num_retracted_requests_total") == 1 and value("sglang:num_retracted_reqs") == 1
+    scrape(1000, [0.1] * 4, 100, 1)  # more waits than the window kept: those in it
+    assert value("sglang:queue_time_seconds_count") == 7 and value("sglang:num_retracted_reqs") == 0
+    m.set_gauges(None)  # the scheduler did not answer: no stale gauge
+    assert value("sglang:gen_throughput") is None and value("sglang:num_retracted_requests_total") == 1
+
+
 def test_metrics_need_the_api_key(server):
     assert httpx.get(f"{server.url}/metrics", timeout=10).status_code == 401
     wrong = {"Authorization": "Bearer not-the-key"}

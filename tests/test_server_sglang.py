@@ -21,14 +21,29 @@ SGLANG_FLAGS = [
     *("--served-model-name", "foo", "--context-length", str(CONTEXT), "--chunked-prefill-size", "64"),
     *("--trust-remote-code", "--max-total-tokens", str(POOL), "--random-seed", "7", "--dtype", "float"),
     *("--attention-backend", "torch_native", "--tp", "1"),
+    # the common launch flags: accepted, with their meaning (or a logged no-op where ours already is it)
+    *("--enable-metrics", "--disable-overlap-schedule", "--max-prefill-tokens", "1000", "--schedule-policy", "fcfs"),
+    *("--grammar-backend", "xgrammar", "--log-requests"),
 ]
+# --chat-template: a file of our own, used instead of the model's
+TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}<assistant>"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("server-sglang")
+    (logs / "template.jinja").write_text(TEMPLATE)
     s = ServerProcess(
-        ["--model-path", str(tiny_llama), *SGLANG_FLAGS, "--page-size", "1"],
-        tmp_path_factory.mktemp("server-sglang"),
+        [
+            "--model-path",
+            str(tiny_llama),
+            *SGLANG_FLAGS,
+            "--page-size",
+            "1",
+            "--chat-template",
+            str(logs / "template.jinja"),
+        ],
+        logs,
         api_key=API_KEY,
     )
     try:
@@ -237,7 +252,13 @@ def test_sglang_flags_become_ours():
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["--mem-fraction-static", "0.8"], "--memory-ratio"),
+        (["--mem-fraction-static", "1.5"], "mem_fraction_static must be in (0, 1]"),
+        (["--mem-fraction-static", "0.5", "--num-pages", "9"], "without num_pages"),
+        (["--schedule-policy", "lpm"], "--schedule-policy lpm: minisgl admits waiting requests in arrival order"),
+        (["--schedule-policy", "lof"], "Accepted: fcfs, or our admission policies default and reserve-all"),
+        (["--grammar-backend", "outlines"], "grammar_backend 'outlines': xgrammar (the default) and dfa are built in"),
+        (["--grammar-backend", "none"], "none is never needed"),
+        (["--max-prefill-tokens", "0"], "--max-prefill-tokens must be >= 1"),
         (["--attention-backend", "flashmla"], "--attention-backend flashmla: unknown"),
         (["--attention-backend", "torch,flashmla"], "--attention-backend torch,flashmla: unknown"),
         (["--chunked-prefill-size", "0"], "-1 for no chunking"),
@@ -253,3 +274,213 @@ def test_sglang_flags_we_cannot_honour_are_refused(argv, says, capsys):
         parse_args(argv)
     assert e.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_sglang_launch_flags_take_their_meaning(capsys, tmp_path):
+    from minisgl.engine.config import EngineConfig
+
+    a = parse_args(["--disable-overlap-schedule", "--schedule-policy", "reserve-all", "--grammar-backend", "dfa"])
+    c = EngineConfig.from_kwargs(**a.engine)
+    assert (c.loop, c.components.admission, c.components.grammar) == ("plain", "reserve-all", "dfa")
+    assert (
+        EngineConfig.from_kwargs(**parse_args(["--grammar-backend", "xgrammar"]).engine).components.grammar == "default"
+    )
+    assert parse_args(["--schedule-policy", "fcfs"]).engine.get("components") is None  # ours already: no change
+    e = parse_args(["--max-prefill-tokens", "100"]).engine  # caps the prefill budgets, busy and idle
+    assert (e["max_prefill_length"], e["idle_prefill_length"], e["step_time"]) == (100, 100, None)
+    e = parse_args(["--chunked-prefill-size", "64", "--max-prefill-tokens", "100"]).engine
+    assert (e["max_prefill_length"], e["idle_prefill_length"]) == (64, 64)
+    assert parse_args(["--mem-fraction-static", "0.7"]).engine["mem_fraction_static"] == 0.7
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    assert parse_args(["--chat-template", str(tmp_path / "t.jinja")]).chat_template == TEMPLATE
+    assert parse_args(["--chat-template", "{{ messages }}"]).chat_template == "{{ messages }}"  # the template itself
+    a = parse_args(["--enable-metrics", "--log-requests", "--incremental-streaming-output"])
+    assert (a.log_requests, a.incremental_streaming_output) == (True, True)
+    assert "--enable-metrics: nothing to do, GET /metrics is always on" in capsys.readouterr().err
+
+
+# ---- /generate in SGLang's shape --------------------------------------------------------------------------
+def sse_events(server: ServerProcess, body: dict) -> list[dict]:
+    import json
+
+    with httpx.stream("POST", server.url + "/generate", json=body, headers=server.headers, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [x for x in r.iter_lines() if x.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(x[6:]) for x in lines[:-1]]
+
+
+def test_bench_serving_counts_the_whole_output(server, tiny_llama):
+    """What ``sglang.bench_serving --backend sglang`` does with a /generate stream: the last chunk's text
+    is the whole output, which it retokenizes; its count of generated tokens is meta_info's."""
+    from minisgl.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tiny_llama)
+    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
+    plain = post(server, "/generate", body).json()
+    chunks = sse_events(server, body | {"stream": True})
+    assert len(chunks) > 2, "one chunk per token or so"
+    for before, after in zip(chunks, chunks[1:]):  # SGLang's default: the whole text (and ids) so far
+        assert (
+            after["text"].startswith(before["text"])
+            and after["output_ids"][: len(before["output_ids"])] == (before["output_ids"])
+        )
+        assert before["meta_info"]["finish_reason"] is None
+    last = chunks[-1]
+    assert (last["text"], last["output_ids"]) == (plain["text"], plain["output_ids"])
+    generated = last["meta_info"]["completion_tokens"]
+    retokenized = len(tok.encode(last["text"], add_special_tokens=False))
+    assert generated == 40 and last["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
+    # the whole output retokenized, as a non-streamed answer is (the old incremental chunks gave a few tokens)
+    assert (
+        retokenized
+        == len(tok.encode(plain["text"], add_special_tokens=False))
+        > len(tok.encode(chunks[-2]["text"][-5:]))
+    )
+    assert retokenized == len(
+        tok.encode(tok.decode(plain["output_ids"], skip_special_tokens=True), add_special_tokens=False)
+    )
+
+
+def test_generate_takes_a_batch(server):
+    params = {"max_new_tokens": 6, "ignore_eos": True}
+    texts = ["Hello there", "One two three four", "x"]
+    singles = [post(server, "/generate", {"text": t, "sampling_params": params}).json() for t in texts]
+    r = post(server, "/generate", {"text": texts, "sampling_params": params})
+    assert r.status_code == 200 and isinstance(r.json(), list), r.text
+    assert [(o["text"], o["output_ids"]) for o in r.json()] == [(o["text"], o["output_ids"]) for o in singles]
+    assert len({o["meta_info"]["id"] for o in r.json()}) == 3
+    ids = [[5, 6, 7], [100, 200]]
+    r = post(server, "/generate", {"input_ids": ids, "sampling_params": params}).json()
+    assert [o["meta_info"]["prompt_tokens"] for o in r] == [3, 2] and all(len(o["output_ids"]) == 6 for o in r)
+    one = post(server, "/generate", {"input_ids": [5, 6, 7], "sampling_params": params}).json()
+    assert isinstance(one, dict) and one["output_ids"] == r[0]["output_ids"], "a flat list of ids is one prompt"
+    chunks = sse_events(server, {"text": texts, "sampling_params": params, "stream": True})
+    for i, single in enumerate(singles):
+        mine = [c for c in chunks if c["index"] == i]
+        assert mine[-1]["text"] == single["text"] and mine[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    for bad, field in (({"text": ["a", ""]}, "text"), ({"input_ids": [[1], []]}, "input_ids"), ({"text": []}, "text")):
+        r = post(server, "/generate", bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = post(server, "/generate", {"input_ids": [[1]] * 65})
+    assert r.status_code == 400 and "65 prompts" in r.json()["error"]["message"], r.text
+
+
+def test_finish_reason_is_sglangs_object(server):
+    prompt = [300, 200, 100, 50]
+    free = post(
+        server, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}}
+    )
+    ids, text = free.json()["output_ids"], free.json()["text"]
+    # a stop token: the token that matched (the last one out)
+    params = {"max_new_tokens": 12, "stop_token_ids": [ids[3]]}
+    r = post(server, "/generate", {"input_ids": prompt, "sampling_params": params}).json()
+    stop_at = ids.index(ids[3])
+    assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[3]}
+    assert r["output_ids"][-1] == ids[3] and len(r["output_ids"]) == stop_at + 1
+    # a stop string: the string, also among several (the earliest in the text is the one that matched)
+    word = text.strip()[2:6]
+    assert word and word in text, text
+    params = {"max_new_tokens": 12, "ignore_eos": True, "stop": ["never in the text \u2603", word]}
+    for stream in (False, True):
+        body = {"input_ids": prompt, "sampling_params": params, "stream": stream}
+        out = sse_events(server, body)[-1] if stream else post(server, "/generate", body).json()
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}, out
+        assert out["text"] == text[: text.index(word)]
+
+
+def test_chat_template_flag_replaces_the_models(server, tiny_llama):
+    from minisgl.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tiny_llama)
+    messages = [{"role": "user", "content": "Hi there"}]
+    r = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    mine = tok.encode("<user>Hi there</user><assistant>", add_special_tokens=False)
+    assert (
+        r.json()["usage"]["prompt_tokens"]
+        == len(mine)
+        != len(tok.apply_chat_template(messages, add_generation_prompt=True))
+    )
+
+
+def test_log_requests_logs_each_request(server):
+    r = post(
+        server,
+        "/generate",
+        {"input_ids": [9, 9, 9, 9, 9], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}},
+    )
+    assert r.status_code == 200
+    assert wait_until(
+        lambda: re.search(r"request [0-9a-f]+ finished: 5 prompt tokens, 3 output tokens", server.logs()), 10
+    )
+
+
+@pytest.fixture(scope="module")
+def fraction_server(tiny_llama, tmp_path_factory):
+    """--mem-fraction-static sized for a pool of about KV_TOKENS, and --incremental-streaming-output."""
+    s = ServerProcess(
+        ["--model", str(tiny_llama), "--dtype", "float32", "--page-size", "1", "--incremental-streaming-output"]
+        + ["--mem-fraction-static", repr(fraction_for(tiny_llama, KV_TOKENS))],
+        tmp_path_factory.mktemp("server-fraction"),
+    )
+    try:
+        s.wait_ready()
+    except BaseException:
+        s.stop()
+        raise
+    yield s
+    s.stop()
+
+
+KV_TOKENS = 5000
+
+
+def weights_and_token_bytes(model) -> tuple[int, int]:
+    """The float32 weights' bytes (from the checkpoint's tensors) and one token's K and V bytes."""
+    import json
+    import math
+
+    from safetensors import safe_open
+
+    cfg = json.loads((model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
+    weights = 0
+    for f in model.glob("*.safetensors"):
+        with safe_open(f, "pt") as st:
+            weights += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys()) * 4
+    return weights, per_token
+
+
+def ram_bytes() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fraction_for(model, tokens: int) -> float:
+    weights, per_token = weights_and_token_bytes(model)
+    return (weights + tokens * per_token) / ram_bytes()
+
+
+def test_mem_fraction_static_sizes_the_pool(fraction_server, tiny_llama):
+    """Weights plus KV pool are the share F of the machine's RAM (a CPU server): the pool is what the weights
+    leave, printed at start."""
+    weights, per_token = weights_and_token_bytes(tiny_llama)
+    f = fraction_for(tiny_llama, KV_TOKENS)
+    expected = (int(ram_bytes() * f) - weights) // per_token  # the checkpoint's tensors; the engine adds buffers
+    info = httpx.get(fraction_server.url + "/get_server_info", timeout=30).json()
+    assert 0.9 * expected <= info["max_total_tokens"] <= expected, (info["max_total_tokens"], expected)
+    assert info["mem_fraction_static"] == f
+    assert f"KV pool: {info['max_total_tokens']} tokens" in fraction_server.logs()
+    assert "mem_fraction_static" in fraction_server.logs()
+
+
+def test_incremental_streaming_output_sends_deltas(fraction_server):
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 10, "ignore_eos": True}}
+    plain = httpx.post(fraction_server.url + "/generate", json=body, timeout=60).json()
+    chunks = sse_events(fraction_server, body | {"stream": True})
+    assert "".join(c["text"] for c in chunks) == plain["text"]
+    assert [i for c in chunks for i in c["output_ids"]] == plain["output_ids"] and len(chunks) > 2
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 10}

@@ -22,6 +22,9 @@ FLASHINFER_PAGE_SIZE = 64
 GPU_PREFILL_LENGTH, CPU_PREFILL_LENGTH = 8192, 128
 # --step-time auto on a CPU: a prefill batch's target (minisgl.scheduler.timed.AdaptiveChunking)
 CPU_STEP_TIME_S = 0.5
+GRAMMAR_BACKEND_REFUSED = (  # SGLang's --grammar-backend: ours are minisgl.grammar.GRAMMAR_BACKENDS
+    "xgrammar (the default) and dfa are built in; outlines and llguidance are not, and none is never needed"
+)
 
 
 def option(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None, cli: bool = True, parse=None):
@@ -86,8 +89,9 @@ class EngineConfig:
         None,
         "fp8: the linear layers' weights in FP8 with a scale per output row, inputs quantized per token "
         "(W8A8; FP8 tensor cores on Hopper, the same rounding emulated elsewhere); the embedding and LM "
-        "head stay in --dtype",
-        choices=("fp8",),
+        "head stay in --dtype; int8 / int4 (CPU): weight-only GGUF Q8_0 / Q4_1 blocks of 32, de-quantized in "
+        "the C++ kernels",
+        choices=("fp8", "int8", "int4"),
     )
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     tp_size: int = option(
@@ -98,6 +102,11 @@ class EngineConfig:
     )
     num_pages: int | None = option(None, "KV pool size in pages (default: from memory)")
     memory_ratio: float = option(0.9, "GPU: fraction of the memory left after loading the weights given to the KV pool")
+    mem_fraction_static: float | None = option(
+        None,
+        "SGLang's: weights + KV pool take this share of the device's memory (GPU: all of it; CPU: the RAM)",
+        parse=float,
+    )
     max_running_requests: int = option(256, "requests decoded together at most")
     max_prefill_length: int | str | None = option(
         "auto",
@@ -155,6 +164,7 @@ class EngineConfig:
         "not draft for 2 decode steps, doubling with each such step in a row (an accepted draft resets it), at "
         "most this many; 0: it drafts at every step",
     )
+    grammar_backend: str | None = option(None, f"SGLang's name for components.grammar: {GRAMMAR_BACKEND_REFUSED}")
     cuda_graph_max_bs: int | None = option(None, "largest CUDA-graph batch (default: from memory; 0 = off)")
     dummy_weight: bool = option(False, "random weights (benchmarks without a checkpoint)")
     max_seq_len: int | None = option(
@@ -177,6 +187,10 @@ class EngineConfig:
             if set(self.components) - known:
                 raise ValueError(f"unknown component(s) {sorted(set(self.components) - known)}; known: {sorted(known)}")
             self.components = Components(**self.components)
+        if self.grammar_backend not in (None, "xgrammar", "dfa"):
+            raise ValueError(f"grammar_backend {self.grammar_backend!r}: {GRAMMAR_BACKEND_REFUSED}")
+        if self.grammar_backend is not None:
+            self.components.grammar = {"xgrammar": "default"}.get(self.grammar_backend, self.grammar_backend)
         if self.page_size is None:
             self.page_size = self._default_page_size()
         if self.page_size < 1:
@@ -208,12 +222,16 @@ class EngineConfig:
             raise ValueError(f"speculative_backoff must be >= 0 (0: off), got {self.speculative_backoff}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.mem_fraction_static is not None and not (0 < self.mem_fraction_static <= 1 and self.num_pages is None):
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1], without num_pages; got {self.mem_fraction_static}"
+            )
         if not (0.0 < self.memory_ratio <= 1.0):
             raise ValueError(f"memory_ratio must be in (0, 1], got {self.memory_ratio}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.quantization not in (None, "fp8"):
-            raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
+        if self.quantization not in (None, "fp8", "int8", "int4"):
+            raise ValueError(f"quantization must be fp8, int8, int4 or None, got {self.quantization!r}")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8_e4m3, got {self.kv_cache_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

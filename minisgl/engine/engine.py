@@ -8,6 +8,7 @@ import atexit
 import functools
 import gc
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -119,15 +120,17 @@ class Engine:
             return self.config.num_pages
         kv_dtype = self.config.torch_kv_dtype
         per_token = KVPool.bytes_per_token(cfg.num_layers, self.local_kv_heads, cfg.head_dim, kv_dtype)
-        if self.device.type == "cuda":
+        if self.config.mem_fraction_static is not None:
+            tokens = self._static_share_tokens(per_token)
+        elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             tokens = int(free * self.config.memory_ratio) // per_token
-            if self.tp.size > 1:  # every rank must plan with the same pool size
-                t = torch.tensor([tokens], device=self.device)
-                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-                tokens = int(t.item())
         else:
             tokens = min(CPU_KV_BUDGET_BYTES // per_token, CPU_KV_MAX_TOKENS)
+        if self.device.type == "cuda" and self.tp.size > 1:  # every rank must plan with the same pool size
+            t = torch.tensor([tokens], device=self.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            tokens = int(t.item())
         pages = max(1, tokens // page)
         logger.info(
             "KV pool: %d tokens in %d pages of %d, %.2f GiB (%s)",
@@ -138,6 +141,29 @@ class Engine:
             kv_dtype,
         )
         return pages
+
+    def _static_share_tokens(self, per_token: int) -> int:
+        """SGLang's ``mem_fraction_static`` F: the weights (this rank's) and the KV pool together take F of
+        the device's memory (a GPU's total, else the machine's RAM); the pool gets what the weights leave."""
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+        else:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        weights = sum(t.numel() * t.element_size() for t in [*self.model.parameters(), *self.model.buffers()])
+        share = int(total * self.config.mem_fraction_static)
+        if share - weights < per_token * self.config.page_size:
+            raise ValueError(
+                f"mem_fraction_static {self.config.mem_fraction_static:g} is {share / 2**30:.2f} GiB of "
+                f"{total / 2**30:.2f} GiB, and the weights alone take {weights / 2**30:.2f} GiB: no room for a KV pool"
+            )
+        logger.info(
+            "mem_fraction_static %g: %.2f GiB of %.2f GiB; weights %.2f GiB, KV pool the rest",
+            self.config.mem_fraction_static,
+            share / 2**30,
+            total / 2**30,
+            weights / 2**30,
+        )
+        return (share - weights) // per_token
 
     def _compile_sampler(self) -> None:
         """Sample once from dummy logits so the sampler's JIT kernels compile now, at start-up, and not

@@ -2,7 +2,7 @@
 
 ``errors`` (OpenAI-shaped errors), ``middleware`` (API key, body size), ``frontend`` (the ZMQ
 client), ``generation`` (one request's sequences, stop strings, streaming, SSE keep-alive), the routes
-in ``openai_routes`` and ``native_routes``, and ``metrics`` (``GET /metrics``, for Prometheus).
+in ``openai_routes``, ``native_routes`` and ``ops.sglang_routes``, and ``metrics`` (``GET /metrics``, for Prometheus).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from minisgl.server import native_routes, openai_routes
 from minisgl.server.args import HEALTH_TIMEOUT_S, SSE_KEEPALIVE_S
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.frontend import Frontend
-from minisgl.server.ops import metrics
+from minisgl.server.ops import metrics, sglang_routes
 from minisgl.server.ops.metrics import ServerMetrics
 from minisgl.server.ops.middleware import Guard
 from minisgl.server.protocol import MAX_SEQUENCES_PER_REQUEST
@@ -58,4 +58,5 @@ def create_app(
     app.include_router(native_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(metrics.router)
+    app.include_router(sglang_routes.router)
     return app

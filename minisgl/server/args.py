@@ -55,6 +55,9 @@ class ServerArgs:
     dp: int = 1  # replicas behind sglang-router (minisgl/server/ops/router_args.py, dp.py); 1: this process serves
     router_policy: str = "cache_aware"
     worker_urls: list[str] = field(default_factory=list)  # replicas elsewhere the router also routes to
+    chat_template: str | None = None  # SGLang's --chat-template (the template's text): replaces the model's
+    log_requests: bool = False  # SGLang's --log-requests: a log line per finished or aborted request
+    incremental_streaming_output: bool = False  # SGLang's: /generate streams deltas, not the text so far
 
     @property
     def detokenizer(self) -> str:
@@ -195,7 +198,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             text_streams(ns.detokenizer)
         except (ValueError, ImportError) as e:
             ap.error(f"--detokenizer: {e}")
-        engine["components"] = {"detokenizer": ns.detokenizer}
+        engine["components"] = {**(engine.get("components") or {}), "detokenizer": ns.detokenizer}
     algo = engine.get("speculative_algorithm")
     if algo is not None and ":" not in algo:
         from minisgl.speculative import DRAFTERS
@@ -246,6 +249,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         dp=ns.dp,
         router_policy=ns.router_policy,
         worker_urls=ns.worker_urls,
+        chat_template=ns.chat_template,
+        log_requests=ns.log_requests,
+        incremental_streaming_output=ns.incremental_streaming_output,
     )
 
 

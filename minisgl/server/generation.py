@@ -57,6 +57,7 @@ class Seq:
     finish_sent: bool = False
     started: bool = False
     hit_stop_string: bool = False
+    tail: str = ""  # the received text's end (past the cut): where the stop string that ended it begins
     prompt_tokens: int = 0
     cached_tokens: int = 0
     lp: SeqLogprobs = field(default_factory=SeqLogprobs)
@@ -69,6 +70,7 @@ class Seq:
         self.token_ids += r.token_ids
         self.lp.feed(r)
         self.text += self.stops.feed(r.text)
+        self.tail = (self.tail + r.text)[-max(map(len, self.stops.stops)) - len(r.text) :] if self.stops.stops else ""
         if self.stops.stopped:
             self.finish_reason, self.hit_stop_string = "stop", True
             return
@@ -125,7 +127,7 @@ class Generation:
         if self.fe.request_timeout is not None:
             self._deadline = now + self.fe.request_timeout
         if self.metrics is not None:
-            self._timers = {m.uid: self.metrics.timer(now) for m in self.msgs}
+            self._timers = {m.uid: self.metrics.timer(now, m.uid) for m in self.msgs}
         self.fe.submit(self.msgs, self.queue)
         until = None if patience is None else now + patience
         try:
@@ -170,11 +172,8 @@ class Generation:
             timer.reply(now, len(seq.token_ids) - had, first, seq.prompt_tokens, seq.cached_tokens)
             if seq.finish_reason is not None:
                 timer.end(now, finished=True)
-        if seq.finish_reason is not None:
-            if seq.hit_stop_string:
-                self.fe.abort(seq.uid)  # the engine would go on generating
-            else:
-                self.fe.forget(seq.uid)
+        if seq.finish_reason is not None:  # after a stop string the engine would go on generating: abort it
+            (self.fe.abort if seq.hit_stop_string else self.fe.forget)(seq.uid)
         return seq
 
     async def _next(self, request: Request | None, tick: float | None = None) -> Any:

@@ -90,7 +90,8 @@ def start_workers(args: ServerArgs, addrs: Addresses | None) -> list[mp.Process]
         procs.append(ctx.Process(target=run_scheduler, args=(cfg, addrs, log_level), name=name))
     if args.node_rank == 0:
         model, dummy = engine["model"], engine["dummy_weight"]
-        procs.append(ctx.Process(target=run_tokenizer, args=(model, dummy, addrs, log_level), name="tokenizer"))
+        tok_args = (model, dummy, addrs, log_level, args.chat_template)
+        procs.append(ctx.Process(target=run_tokenizer, args=tok_args, name="tokenizer"))
         detok_args = (model, dummy, addrs, log_level, args.detokenizer)
         procs.append(ctx.Process(target=run_detokenizer, args=detok_args, name="detokenizer"))
     for p in procs:
@@ -181,6 +182,7 @@ async def _serve(
     )
     app.state.processes = {p.name: p.pid for p in procs}  # shown by GET /stats
     app.state.server_args = args  # shown by GET /get_server_info (without the API key)
+    app.state.metrics.log_requests = args.log_requests
     fe = app.state.frontend
     fe.served_model_name = args.served_model_name
     config = uvicorn.Config(

@@ -1,47 +1,22 @@
-"""The native routes: ``/generate`` (SGLang's shape: token ids in and out, greedy by default),
-``/health`` and ``/stats``; and SGLang's others that its clients call (``sglang.bench_serving``,
-scripts written for SGLang): ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
-``/v1/tokenize`` and ``/v1/detokenize``, in SGLang's shapes (``docs/serving-ops.md``, "SGLang
-compatibility", says where they differ)."""
+"""The native routes: ``/generate`` in SGLang's shape (token ids in and out, greedy by default; a list
+of prompts is a batch; a stream's chunks carry the whole text so far, as SGLang's do), ``/health``
+and ``/stats``. SGLang's other routes are ``minisgl.server.ops.sglang_routes``'."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import uuid
-from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, StrictBool
 
-from minisgl import __version__
 from minisgl.message import TokenizeMsg
 from minisgl.server.errors import ApiError, error_response
-from minisgl.server.frontend import Frontend, frontend_of
+from minisgl.server.frontend import frontend_of
 from minisgl.server.generation import Generation, Seq, sse, stream_or_collect
 from minisgl.server.openai_routes import ROUTER_UNNAMED, check_model
-from minisgl.server.protocol import GenerateRequest, Int32, Text
-
-if TYPE_CHECKING:
-    from minisgl.server.args import ServerArgs
+from minisgl.server.protocol import GenerateRequest
 
 router = APIRouter()
-
-
-class TokenizeRequest(BaseModel):
-    """SGLang's (and vLLM's) ``/v1/tokenize``: one prompt, or a list of them."""
-
-    model: Text | None = None
-    prompt: Text | list[Text]
-    add_special_tokens: StrictBool = True
-
-
-class DetokenizeRequest(BaseModel):
-    """SGLang's ``/v1/detokenize``: one sequence of token ids, or a list of them."""
-
-    model: Text | None = None
-    tokens: list[Int32] | list[list[Int32]]
-    skip_special_tokens: StrictBool = True
 
 
 @router.get("/health")
@@ -65,27 +40,35 @@ async def stats(request: Request):
 
 @router.post("/generate")
 async def generate(req: GenerateRequest, request: Request):
-    """Native API: greedy by default (``SamplingParams``' defaults); returns token ids too."""
+    """Native API: greedy by default (``SamplingParams``' defaults); returns token ids too. ``text`` or
+    ``input_ids`` as a list of prompts is a batch: a list of answers, one per prompt, and a stream
+    whose chunks name their prompt (``index``)."""
     fe = frontend_of(request)
     fe.check_ready()
     if req.model not in (None, ROUTER_UNNAMED):
         check_model(fe, req.model)
     if (req.text is None) == (req.input_ids is None):
         raise ApiError(400, "give exactly one of text or input_ids", "text")
-    if req.text == "" or req.input_ids == []:
-        raise ApiError(400, "the prompt is empty", "text" if req.text is not None else "input_ids")
+    field = "text" if req.text is not None else "input_ids"
+    prompts, batch = req.prompts()
+    if not prompts or any(p in ("", []) for p in prompts):
+        raise ApiError(400, "the prompt is empty", field)
+    if len(prompts) > (limit := request.app.state.max_sequences_per_request):
+        raise ApiError(400, f"{len(prompts)} prompts; the server allows {limit} per request", field)
     p = req.sampling_params
     sp = p.sampling()
     if req.return_logprob:  # SGLang's fields; the logprobs are meta_info's, as SGLang returns them
         sp.logprobs, sp.top_logprobs, sp.prompt_logprobs_from = True, req.top_logprobs_num, req.logprob_start_len
-    msg = TokenizeMsg(fe.new_uid(), sp, text=req.text, input_ids=req.input_ids)
-    gen = Generation(fe, [msg], p.stop)
+    msgs = [TokenizeMsg(fe.new_uid(), sp, **{field: x}) for x in prompts]
+    gen = Generation(fe, msgs, p.stop)
     rid = uuid.uuid4().hex
+    # SGLang's --incremental-streaming-output: each chunk carries only its new text and ids
+    incremental = getattr(getattr(request.app.state, "server_args", None), "incremental_streaming_output", False)
 
-    def meta(s: Seq) -> dict:
+    def meta(s: Seq, finish: dict | None) -> dict:
         return {
-            "id": rid,
-            "finish_reason": s.finish_reason,
+            "id": f"{rid}-{s.index}" if batch else rid,
+            "finish_reason": finish,
             "prompt_tokens": s.prompt_tokens,
             "completion_tokens": len(s.token_ids),
             "cached_tokens": s.cached_tokens,
@@ -95,142 +78,27 @@ async def generate(req: GenerateRequest, request: Request):
         return s.lp.sglang(req.return_text_in_logprobs, req.top_logprobs_num > 0, req.logprob_start_len)
 
     def events(s: Seq):
-        text, ids = s.take_text(), s.take_ids()
-        reason = s.take_finish()
+        text, ids, reason = s.take_text(), s.take_ids(), s.take_finish()
         if text or ids or reason:
-            yield sse({"text": text, "output_ids": ids, "meta_info": meta(s) | {"finish_reason": reason}})
+            out = {"text": text, "output_ids": ids} if incremental else {"text": s.text, "output_ids": s.token_ids}
+            out["meta_info"] = meta(s, finish_reason(s) if reason else None)
+            yield sse(out | ({"index": s.index} if batch else {}))
 
-    def body() -> dict:
-        s = gen.seqs[0]
-        return {"text": s.text, "output_ids": s.token_ids, "meta_info": meta(s)}
+    def answer(s: Seq) -> dict:
+        return {"text": s.text, "output_ids": s.token_ids, "meta_info": meta(s, finish_reason(s))}
 
-    return await stream_or_collect(gen, request, req.stream, events, body)
-
-
-# ---- SGLang's routes ----------------------------------------------------------------------------
-@router.get("/get_model_info")
-@router.get("/model_info")  # SGLang's newer name
-async def get_model_info(request: Request):
-    fe = frontend_of(request)
-    fe.check_ready()
-    info = fe.info
-    return {
-        "model_path": info.get("model"),
-        "tokenizer_path": info.get("model"),  # the tokenizer is always the model folder's
-        "is_generation": True,
-        "preferred_sampling_params": None,
-        "weight_version": "default",  # SGLang's value for weights never updated in place
-        "has_image_understanding": False,
-        "has_audio_understanding": False,
-        "model_type": info.get("model_type"),
-        "architectures": info.get("architectures"),
-        "served_model_name": fe.model_name,
-    }
+    body = lambda: [answer(s) for s in gen.seqs] if batch else answer(gen.seqs[0])
+    return await stream_or_collect(gen, request, req.stream, events, body)  # type: ignore[arg-type]
 
 
-@router.get("/get_server_info")
-@router.get("/server_info")
-async def get_server_info(request: Request):
-    """SGLang's shape: the server's arguments under SGLang's names, the scheduler's limits, and
-    ``internal_states`` (one per data-parallel rank in SGLang; here the one scheduler's ``/stats``).
-    ``minisgl`` holds every argument under our own names. Never the API key."""
-    fe = frontend_of(request)
-    stats = await fe.stats()  # checks readiness too
-    args: ServerArgs | None = getattr(request.app.state, "server_args", None)
-    info = fe.info
-    sglang = sglang_server_args(fe, args)
-    return {
-        **sglang,
-        "max_total_num_tokens": sglang["max_total_tokens"],
-        "max_req_input_len": info["max_seq_len"] - 1,  # a prompt leaves room for one output token
-        "internal_states": [stats],
-        "version": __version__,
-        "minisgl": None if args is None else public_args(args),
-    }
-
-
-def sglang_server_args(fe: Frontend, args: ServerArgs | None) -> dict[str, Any]:
-    """Our settings under SGLang's ``ServerArgs`` names: the values the scheduler resolved where it
-    reported them (page size, prefill budget, pool size), else the flags' values."""
-    info, engine = fe.info, (args.engine if args is not None else {})
-    return {
-        "model_path": info.get("model"),
-        "tokenizer_path": info.get("model"),
-        "served_model_name": fe.model_name,
-        "host": getattr(args, "host", None),
-        "port": getattr(args, "port", None),
-        "tp_size": info.get("tp_size"),
-        "device": info.get("device"),
-        "dtype": info.get("dtype"),
-        "kv_cache_dtype": info.get("kv_cache_dtype"),
-        "quantization": engine.get("quantization"),
-        "context_length": info.get("max_seq_len"),
-        "chunked_prefill_size": info.get("max_prefill_length") or -1,  # SGLang's -1: no chunking
-        "max_total_tokens": info["num_pages"] * info["page_size"],
-        "page_size": info.get("page_size"),
-        "max_running_requests": info.get("max_running_requests"),
-        "attention_backend": info.get("attention_backend"),
-        "disable_radix_cache": info.get("cache_type") != "radix",
-        "enable_mixed_chunk": bool(engine.get("mixed_chunk", False)),
-        "cuda_graph_max_bs": engine.get("cuda_graph_max_bs"),
-        "disable_cuda_graph": engine.get("cuda_graph_max_bs") == 0,
-        "random_seed": engine.get("seed", 0),
-        "mem_fraction_static": None,  # no such setting here: ours is --memory-ratio (minisgl.engine.memory_ratio)
-        "trust_remote_code": getattr(args, "trust_remote_code", False),
-        "log_level": getattr(args, "log_level", None),
-    }
-
-
-def public_args(args: ServerArgs) -> dict[str, Any]:
-    """Every server argument under our names (``ServerArgs``), but the API key."""
-    out = dataclasses.asdict(args)
-    out.pop("api_key", None)
-    return out
-
-
-@router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache(request: Request):
-    """Empty the prefix cache; 400 while a request runs or waits (SGLang's rule: nothing is flushed
-    then, see ``minisgl.server.scheduler_worker``)."""
-    answer = await frontend_of(request).flush_cache()
-    if not answer.get("flushed"):
-        raise ApiError(400, str(answer.get("message")), code="requests_running")
-    return {"success": True, "message": answer.get("message"), "freed_tokens": answer.get("freed_tokens")}
-
-
-def _ready(request: Request, model: str | None):
-    """The frontend, once the engine is ready and ``model`` (if given) is the served one."""
-    fe = frontend_of(request)
-    fe.check_ready()
-    if model is not None:
-        check_model(fe, model)
-    return fe
-
-
-@router.post("/v1/tokenize")
-@router.post("/tokenize")
-async def tokenize(req: TokenizeRequest, request: Request):
-    """``{"tokens", "count", "max_model_len"}``: lists of them for a list of prompts."""
-    fe = _ready(request, req.model)
-    one = isinstance(req.prompt, str)
-    reply = await fe.text(texts=[req.prompt] if one else req.prompt, add_special_tokens=req.add_special_tokens)
-    ids, max_len = reply.token_ids, fe.info.get("max_seq_len")
-    if one:
-        return {"tokens": ids[0], "count": len(ids[0]), "max_model_len": max_len}
-    return {"tokens": ids, "count": [len(t) for t in ids], "max_model_len": max_len}
-
-
-@router.post("/v1/detokenize")
-@router.post("/detokenize")
-async def detokenize(req: DetokenizeRequest, request: Request):
-    """``{"text"}``: a list of texts for a list of token-id lists."""
-    fe = _ready(request, req.model)
-    one = not req.tokens or isinstance(req.tokens[0], int)
-    seqs: list[list[int]] = [req.tokens] if one else req.tokens  # type: ignore[list-item]
-    vocab = fe.info["vocab_size"]
-    for ids in seqs:
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ApiError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
-    reply = await fe.text(token_ids=seqs, skip_special_tokens=req.skip_special_tokens)
-    return {"text": reply.texts[0] if one else reply.texts}
+def finish_reason(s: Seq) -> dict | None:
+    """SGLang's object: what stopped the sequence (the stop string, or the stop token: the last one) or
+    how long it grew."""
+    if s.finish_reason == "length":
+        return {"type": "length", "length": len(s.token_ids)}
+    if s.finish_reason == "stop":
+        if s.hit_stop_string:  # the text was cut where the earliest stop string begins: the earliest in the tail
+            found = [(s.tail.find(x), -len(x), x) for x in s.stops.stops if x in s.tail]
+            return {"type": "stop", "matched": min(found, default=(0, 0, ""))[2]}
+        return {"type": "stop", "matched": (s.token_ids or [None])[-1]}
+    return None

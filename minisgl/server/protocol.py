@@ -314,12 +314,13 @@ class NativeSampling(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """Native API: one prompt as ``text`` or ``input_ids``; returns text and token ids."""
+    """Native API: a prompt as ``text`` or ``input_ids``, or a list of them (a batch, as in SGLang);
+    returns text and token ids."""
 
     model_config = ConfigDict(extra="forbid")
 
-    text: Text | None = None
-    input_ids: list[Int32] | None = None
+    text: Text | list[Text] | None = None
+    input_ids: list[Int32] | list[list[Int32]] | None = None
     sampling_params: NativeSampling = Field(default_factory=NativeSampling)
     stream: StrictBool = False
     return_logprob: StrictBool = False  # SGLang's logprob fields (meta_info's *_token_logprobs)
@@ -339,3 +340,9 @@ class GenerateRequest(BaseModel):
     background: Literal[False] = False
     lora_path: None = None
     return_routed_experts: Literal[False] = False
+
+    def prompts(self) -> tuple[list[str] | list[list[int]], bool]:
+        """The prompts, and whether they came as a batch (a list of texts or of token-id lists)."""
+        p = self.text if self.text is not None else self.input_ids or []
+        batch = isinstance(p, list) and (self.text is not None or any(isinstance(x, list) for x in p))
+        return (p if batch else [p]), batch  # type: ignore[return-value]

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from minisgl.core import RequestError
@@ -45,6 +46,7 @@ from minisgl.message import (
 )
 from minisgl.process import setup_child
 from minisgl.scheduler import Scheduler
+from minisgl.scheduler.events import BatchEvent
 from minisgl.scheduler.replicated import LeaderGone, ReplicatedScheduler, follow
 from minisgl.scheduler.warmup import warm_up
 from minisgl.server.ipc import MsgReader, bind_inbox
@@ -68,7 +70,12 @@ class SchedulerWorker:
         self.sched, self.config = sched, sched.config
         self.tp_size = self.config.tp_size
         self.reqs: dict[int, Any] = {}  # uid -> Req, while the request lives (for its prompt counts)
-        self.finished = self.aborted = self.rejected = 0
+        self.finished = self.aborted = self.rejected = self.generated = 0
+        # for GET /metrics' queue-time histogram: when each request entered the queue (perf_counter), and the
+        # waits of the latest ones to leave it (readers keep their own count of those seen: several may read)
+        self.arrived: dict[int, float] = {}
+        self.waits, self.num_waits = deque(maxlen=1024), 0
+        sched.observers.append(self._left_queue)
         self.reader = MsgReader("scheduler", ACCEPTS)
         self.step_started: float | None = None  # monotonic time, while inside sched.step()
         # flush requests that found no request live but memory still held by a batch in flight
@@ -123,6 +130,9 @@ class SchedulerWorker:
                 page_size=s.page_size,
                 usage=(total - free - evictable) / total,
             ),
+            generated_tokens=self.generated,
+            retracted_requests=s.stats.retracted,
+            queue_times=dict(count=self.num_waits, latest=list(self.waits)),
             cache=dict(
                 hit_rate=s.stats.hit_rate,
                 prompt_tokens=s.stats.prompt_tokens,
@@ -132,6 +142,13 @@ class SchedulerWorker:
             # the features' counters; ``speculative`` is always there (zeros without it: a stable shape)
             **{"speculative": spec_stats(None)} | {f.name: r for f in s.features if (r := f.report())},
         )
+
+    def _left_queue(self, ev: BatchEvent) -> None:
+        """Observer: a request's first batch ends its wait (SGLang's queue time: queued -> first scheduled)."""
+        for uid in ev.uids:
+            if (t := self.arrived.pop(uid, None)) is not None:
+                self.waits.append(ev.t_scheduled - t)
+                self.num_waits += 1
 
     # ---- messages ----------------------------------------------------------------------------
     def _recv(self) -> list[Any]:
@@ -164,6 +181,7 @@ class SchedulerWorker:
             return
         self.sched.offered.add(req)  # queued once its features' work (a grammar's compile) is done
         self.reqs[req.uid] = req
+        self.arrived[req.uid] = time.perf_counter()
         self._add_offered()
 
     def _add_offered(self) -> None:
@@ -172,6 +190,7 @@ class SchedulerWorker:
         for req, err in self.sched.offered.admit():
             self.rejected += 1
             self.reqs.pop(req.uid, None)
+            self.arrived.pop(req.uid, None)
             self._send(ErrorMsg(req.uid, str(err), 400, code=err.code, param=err.param))
 
     def _apply(self, msg: Any, out: list[TokenMsg]) -> None:
@@ -181,6 +200,7 @@ class SchedulerWorker:
             if self.sched.abort(msg.uid):  # (one still offered too: a compile nobody waits for stops)
                 self.aborted += 1
                 self.reqs.pop(msg.uid, None)
+                self.arrived.pop(msg.uid, None)
                 out.append(TokenMsg(msg.uid, -1, "abort"))
         elif isinstance(msg, StatsReqMsg):
             self._send(StatsMsg(msg.uid, self.stats()))
@@ -241,6 +261,7 @@ class SchedulerWorker:
                 self.step_started = time.monotonic()
                 events = self.sched.step()
                 self.step_started = None
+                self.generated += len(events)
                 for ev in events:
                     req = self.reqs.get(ev.uid)
                     if req is None:  # aborted meanwhile (the scheduler drops those; belt and braces)

@@ -58,9 +58,13 @@ def start_text_worker(name: str, model: str | None, dummy_weight: bool, inbox_ad
     return tokenizer, inbox, push
 
 
-def run_tokenizer(model: str | None, dummy_weight: bool, addrs: Addresses, log_level: str) -> None:
-    """Process entry point."""
+def run_tokenizer(
+    model: str | None, dummy_weight: bool, addrs: Addresses, log_level: str, chat_template: str | None = None
+) -> None:
+    """Process entry point; ``chat_template`` (``--chat-template``) replaces the model's."""
     tokenizer, inbox, push = start_text_worker("tokenizer", model, dummy_weight, addrs.tokenizer, log_level)
+    if chat_template is not None and tokenizer is not None:
+        tokenizer.chat_template = chat_template
     reader = MsgReader("tokenizer", ACCEPTS)
     to_scheduler, to_frontend = push(addrs.scheduler), push(addrs.frontend)
     # to the scheduler, which takes the tokenizer's EOS ids from it and passes it on: the message

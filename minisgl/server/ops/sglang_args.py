@@ -6,16 +6,19 @@ our engine arguments, or refused with a sentence naming ours."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from minisgl.engine.config import EngineConfig
 
 SGLANG_VALUES = {"dtype": {"half": "float16", "float": "float32"}, "attention_backend": {"torch_native": "torch"}}
-MEM_FRACTION_REFUSED = (
-    "--mem-fraction-static is not supported: in SGLang it is the share of the GPU's whole memory that the "
-    "weights and the KV pool take together; minisgl's --memory-ratio R gives the KV pool R of the memory still "
-    "free once the weights are loaded (default 0.9). Use --memory-ratio, or --max-total-tokens N (or --num-pages N)"
+SCHEDULE_POLICIES = {"fcfs": None, "default": "default", "reserve-all": "reserve-all"}  # -> our admission policy
+SCHEDULE_POLICY_REFUSED = (
+    "minisgl admits waiting requests in arrival order (fcfs); the prefix cache reuses shared prefixes whatever the "
+    "order, but nothing reorders the queue by them (lpm, dfs-weight), by length (lof), by priority or at random. "
+    "Accepted: fcfs, or our admission policies default and reserve-all (minisgl.scheduler.ADMISSION_POLICIES)"
 )
 
 
@@ -32,7 +35,17 @@ def add_sglang_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-radix-cache", action="store_true", help="--cache-type naive (no prefix sharing)")
     g.add_argument("--disable-cuda-graph", action="store_true", help="--cuda-graph-max-bs 0")
     g.add_argument("--random-seed", type=int, metavar="N", help="seeds the engine (unseeded sampling, dummy weights)")
-    g.add_argument("--mem-fraction-static", type=float, metavar="F", help="refused: see --memory-ratio")
+    g.add_argument("--enable-metrics", action="store_true", help="accepted: GET /metrics is always on here")
+    g.add_argument("--disable-overlap-schedule", action="store_true", help="the plain scheduler loop (even on CUDA)")
+    prefill_help = "the most prompt tokens in one prefill batch: caps --max-prefill-length (busy) and the idle budget"
+    g.add_argument("--max-prefill-tokens", type=int, metavar="N", help=prefill_help)
+    policy_help = "fcfs (ours: arrival order), or an admission policy of ours (default, reserve-all); others refused"
+    g.add_argument("--schedule-policy", metavar="NAME", help=policy_help)
+    template_help = "a Jinja chat template (a file, or the template itself) used instead of the model's"
+    g.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE", help=template_help)
+    g.add_argument("--log-requests", action="store_true", help="log each request's id, prompt and output lengths")
+    stream_help = "/generate streams only the new text and token ids in each chunk (default: all so far, as SGLang)"
+    g.add_argument("--incremental-streaming-output", action="store_true", help=stream_help)
     for action in ap._actions:  # SGLang's names for some of our flags' values (argparse lists no actions publicly)
         table = SGLANG_VALUES.get(action.dest)
         if table is not None:
@@ -50,8 +63,21 @@ def apply_sglang_args(ap: argparse.ArgumentParser, ns: argparse.Namespace, engin
     """Turn SGLang's flags into ``engine``'s keyword arguments, or exit with a usage error naming ours."""
     from minisgl.attention import BACKENDS
 
-    if ns.mem_fraction_static is not None:
-        ap.error(MEM_FRACTION_REFUSED)
+    if ns.enable_metrics:
+        print("minisgl: --enable-metrics: nothing to do, GET /metrics is always on", file=sys.stderr)
+    if ns.disable_overlap_schedule:
+        engine["components"] = {**(engine.get("components") or {}), "loop": "plain"}
+    if ns.schedule_policy is not None:
+        if ns.schedule_policy not in SCHEDULE_POLICIES:
+            ap.error(f"--schedule-policy {ns.schedule_policy}: {SCHEDULE_POLICY_REFUSED}")
+        if SCHEDULE_POLICIES[ns.schedule_policy] is not None:
+            engine["components"] = {
+                **(engine.get("components") or {}),
+                "admission": SCHEDULE_POLICIES[ns.schedule_policy],
+            }
+    if ns.chat_template is not None and os.path.isfile(ns.chat_template):
+        with open(ns.chat_template, encoding="utf-8") as f:
+            ns.chat_template = f.read()
     if ns.served_model_name is not None and not ns.served_model_name.strip():
         ap.error("--served-model-name must not be empty")
     n = ns.chunked_prefill_size
@@ -62,6 +88,14 @@ def apply_sglang_args(ap: argparse.ArgumentParser, ns: argparse.Namespace, engin
             ap.error(f"--chunked-prefill-size must be >= 1, or -1 for no chunking; got {n}")
         engine["max_prefill_length"] = None if n == -1 else n
         if engine.get("step_time") == "auto":  # the server's default: chunks sized by time, not N tokens
+            engine["step_time"] = None
+    if (n := ns.max_prefill_tokens) is not None:
+        if n < 1:
+            ap.error(f"--max-prefill-tokens must be >= 1, got {n}")
+        busy = engine.get("max_prefill_length")
+        engine["max_prefill_length"] = n if busy in ("auto", None) else min(busy, n)
+        engine["idle_prefill_length"] = engine["max_prefill_length"] if busy not in ("auto", None) else n
+        if engine.get("step_time") == "auto":  # as --chunked-prefill-size: a budget in tokens, not in time
             engine["step_time"] = None
     if ns.max_total_tokens is not None:
         if engine.get("num_pages") is not None:

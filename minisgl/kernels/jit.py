@@ -47,6 +47,8 @@ FUNCTIONS = (
     "rope",
     "paged_decode_attention",
     "decode_layer",
+    "quant_linear",
+    "dequantize",
 )
 ISAS = ("avx512", "avx2", "portable")  # widest first
 ISA_FLAGS = {"avx512": ["-march=native"], "avx2": ["-march=haswell"], "portable": []}

@@ -22,7 +22,14 @@ logger = logging.getLogger(__name__)
 Quantize = Callable[[nn.Module], str]
 """``quantize(model) -> what it did, in words`` (logged); rewrites ``model`` in place."""
 
-QUANTIZATIONS: Registry[Quantize] = Registry("quantization", {"fp8": "minisgl.quant.fp8:apply"})
+QUANTIZATIONS: Registry[Quantize] = Registry(
+    "quantization",
+    {
+        "fp8": "minisgl.quant.fp8:apply",
+        "int8": "minisgl.quant.cpu_int:apply_int8",
+        "int4": "minisgl.quant.cpu_int:apply_int4",
+    },
+)
 
 
 def quantize(model: nn.Module, name: str) -> None:

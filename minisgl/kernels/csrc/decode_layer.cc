@@ -14,6 +14,7 @@
 // x, residual [n, hidden] are updated in place. The rest as in paged_decode.cc and cpu_fused.cc.
 #include "cpu_fused.cc"
 #include "paged_decode.cc"
+#include "quant_linear.cc"
 #include "small_linear.cc"
 
 namespace {

@@ -1,0 +1,141 @@
+"""Weight-only integer formats on the CPU (``--quantization int8|int4``): GGUF's Q8_0 and Q4_1 blocks.
+
+A weight row is cut into blocks of 32; each block keeps its own fp16 scale (and, Q4_1, minimum):
+
+========  ===============================  =========================================================
+format    stored (per weight row)          value
+========  ===============================  =========================================================
+``int8``  Q8_0: ``qs`` int8 ``[K]``,       ``w = d * q``; ``d = fp16(max|w| / 127)``,
+          ``d`` fp16 ``[K/32]``            ``q = round(w / d)`` clamped to [-127, 127]
+``int4``  Q4_1: ``qs`` uint8 ``[K/2]``,    ``w = d * q + m``; ``d = fp16((max - min) / 15)``,
+          ``(d, m)`` fp16 ``[K/32, 2]``    ``m = fp16(min)``, ``q = round((w - m) / d)`` clamped to [0, 15]
+========  ===============================  =========================================================
+
+``round`` is round-half-to-even (``torch.round``), computed in float32 with the fp16-rounded ``d`` and
+``m``; a block whose ``d`` is 0 stores ``q = 0``. Q4_1's 16 bytes per block hold element ``j`` in the
+low nibble of byte ``j`` and element ``j + 16`` in its high nibble, as GGUF packs them, so a GGUF
+tensor's blocks are these bytes and scales as they are (split into ``qs`` and scales).
+
+:class:`QuantLinear` replaces the engine's column- and row-parallel layers (the embedding and the LM
+head stay in the model's dtype). Its weight is de-quantized inside the C++ kernel
+(``kernels/csrc/quant_linear.h``) for up to ``STREAM_ROWS`` rows (a decode step: it reads the
+quantized bytes once); past them, ``dequantize`` writes the weight in the input's dtype, ``CHUNK``
+elements at a time, and the dense product runs on that transient copy (prefill: the product's
+arithmetic dwarfs one pass over the weight), so nothing but the quantized bytes stays resident.
+Without the C++ library (``MINISGL_DISABLE_JIT=1``) the same steps run in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minisgl.distributed import all_reduce, get_tp_info
+from minisgl.kernels.jit import kernels
+from minisgl.kernels.small_linear import DTYPES, STREAM_ROWS, linear
+from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+BLOCK = 32
+CHUNK = 1 << 22  # weight elements de-quantized at a time for a many-row product
+
+
+def quantize_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [N, K] (K % 32 == 0) as Q8_0: ``(qs int8 [N, K], d float16 [N, K/32])``."""
+    b = w.float().reshape(w.shape[0], -1, BLOCK)
+    d = (b.abs().amax(-1) / 127).half()
+    df = d.float().unsqueeze(-1)
+    q = torch.where(df > 0, torch.round(b / torch.where(df > 0, df, 1)), 0).clamp(-127, 127)
+    return q.to(torch.int8).reshape(w.shape), d
+
+
+def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [N, K] (K % 32 == 0) as Q4_1: ``(qs uint8 [N, K/2], dm float16 [N, K/32, 2])``."""
+    b = w.float().reshape(w.shape[0], -1, BLOCK)
+    lo, hi = b.amin(-1), b.amax(-1)
+    d, m = ((hi - lo) / 15).half(), lo.half()
+    df, mf = d.float().unsqueeze(-1), m.float().unsqueeze(-1)
+    q = torch.where(df > 0, torch.round((b - mf) / torch.where(df > 0, df, 1)), 0).clamp(0, 15).to(torch.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)  # byte j: element j low, element j + 16 high
+    return packed.reshape(w.shape[0], -1), torch.stack([d, m], -1)
+
+
+def dequantize(qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The reference de-quantizer: the float32 weight [N, K] of Q8_0 (``qs`` int8) or Q4_1 (uint8)."""
+    n = qs.shape[0]
+    if qs.dtype == torch.int8:
+        return (scales.float().unsqueeze(-1) * qs.reshape(n, -1, BLOCK).float()).reshape(n, -1)
+    b = qs.reshape(n, -1, BLOCK // 2)
+    q = torch.cat([b & 15, b >> 4], -1).float()
+    d, m = scales.float().reshape(n, -1, 2).unbind(-1)
+    return (d.unsqueeze(-1) * q + m.unsqueeze(-1)).reshape(n, -1)
+
+
+QUANTIZERS = {"int8": quantize_q8_0, "int4": quantize_q4_1}
+
+
+class QuantLinear(nn.Module):
+    """A column- or row-parallel layer with its weight in Q8_0 or Q4_1 (made from the loaded layer it
+    replaces); ``reduce``: a row-parallel layer over several ranks."""
+
+    def __init__(self, layer: nn.Module, fmt: str):
+        super().__init__()
+        w = layer.weight.data
+        self.out_features, self.in_features = w.shape
+        qs, scales = QUANTIZERS[fmt](w)
+        self.qs = nn.Parameter(qs, requires_grad=False)
+        self.scales = nn.Parameter(scales, requires_grad=False)
+        self.bias = layer.bias
+        self.reduce = isinstance(layer, RowParallelLinear) and get_tp_info().size > 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        lib = kernels().lib
+        if lib is not None and rows.shape[0] <= STREAM_ROWS and x.dtype in DTYPES and x.is_cpu:
+            y = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
+            lib.quant_linear(rows.contiguous(), self.qs, self.scales, y, torch.get_num_threads())
+        else:
+            step = max(1, CHUNK // self.in_features)
+            parts = [linear(rows, self.weight_rows(n, n + step, x.dtype)) for n in range(0, self.out_features, step)]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+        if self.reduce:
+            y = all_reduce(y)
+        y = y if self.bias is None else y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def weight_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``start:stop`` of the de-quantized weight, in ``dtype`` (a transient copy)."""
+        qs, scales = self.qs[start:stop], self.scales[start:stop]
+        lib = kernels().lib
+        if lib is None or dtype not in DTYPES or not qs.is_cpu:
+            return dequantize(qs, scales).to(dtype)
+        w = torch.empty(qs.shape[0], self.in_features, dtype=dtype)
+        lib.dequantize(qs, scales, w, torch.get_num_threads())
+        return w
+
+
+def quantize_linears(model: nn.Module, fmt: str) -> tuple[int, int]:
+    """Replace every column- and row-parallel layer whose input width is a multiple of 32 by its
+    :class:`QuantLinear`; returns (layers replaced, layers left in the model's dtype)."""
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    done = [(n, m) for n, m in found if m.weight.shape[1] % BLOCK == 0]
+    for name, m in done:
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear(m, fmt))
+    return len(done), len(found) - len(done)
+
+
+def _apply(model: nn.Module, fmt: str) -> str:
+    n, left = quantize_linears(model, fmt)
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    size = sum(p.numel() * p.element_size() for m in layers for p in (m.qs, m.scales)) / 2**20
+    return f"{n} linear layers in {fmt} ({size:.1f} MiB), {left} left as they were (width not a multiple of 32)"
+
+
+def apply_int8(model: nn.Module) -> str:
+    """``--quantization int8``: the linear layers in Q8_0."""
+    return _apply(model, "int8")
+
+
+def apply_int4(model: nn.Module) -> str:
+    """``--quantization int4``: the linear layers in Q4_1."""
+    return _apply(model, "int4")

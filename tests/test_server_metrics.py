@@ -182,6 +182,23 @@ def test_the_dashboards_series_and_the_schedulers_have_data(server, model):
     assert later["sglang:gen_throughput", None] == 0 and delta(later, after, f"{queue}_count") == 0
 
 
+def test_retractions_are_counted(server, model):
+    """Six sequences that together outgrow the pool: the optimistic admission lets them start, the scheduler
+    retracts some when decodes run out of room, and /metrics counts what the scheduler counted."""
+    wait_idle(server)
+    before, stats0 = scrape(server, model), server.stats()
+    prompts = [list(range(500 + 20 * i, 516 + 20 * i)) for i in range(6)]  # 6 x (16 + 1200) > NUM_PAGES
+    body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 1200, "ignore_eos": True}}
+    r = post(server, "/generate", body)
+    assert r.status_code == 200 and all(len(o["output_ids"]) == 1200 for o in r.json()), r.text[:300]
+    stats = wait_idle(server)
+    after = scrape(server, model)
+    retracted = stats["retracted_requests"] - stats0["retracted_requests"]
+    assert retracted >= 1, "the pool holds about half of what the six need: some must have been retracted"
+    assert delta(after, before, "sglang:num_retracted_requests_total") == retracted
+    assert after["sglang:num_retracted_reqs", None] == retracted  # since the previous scrape
+
+
 def test_scheduler_series_in_process():
     """Fed from the scheduler's stats at each scrape: each wait observed once (several readers of its
     window may come), the throughput over the time since the last scrape, retractions as a counter."""

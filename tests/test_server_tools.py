@@ -96,18 +96,44 @@ def test_default_rendering_and_unchanged_chats(embedded_path):
     assert CALL in text and "<tool_response>\n18 C and sunny\n</tool_response>" in text
 
 
-def test_the_constraint_admits_calls_that_validate(embedded_path):
+def test_templates_with_tool_support_get_the_tools(embedded_path):
+    from minisgl.tokenizer import apply_chat_template, load_tokenizer
+
+    tok = load_tokenizer(embedded_path)
+    tok.chat_template = (  # a Hermes-style template that renders tools and calls (arguments as a dict)
+        "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}"
+        "<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>"
+        "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+    )
+    assert chat_traits(tok) == {"tool_format": "hermes", "native_tools": True, "thinks": False}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    msgs, tools = render_chat(tok, ASK + [{"role": "assistant", "content": "", "tool_calls": [call]}], TOOLS)
+    text = tok.decode(apply_chat_template(tok, msgs, tools))
+    assert tools == TOOLS and "<tools>get_weather;</tools>" in text
+    assert '"arguments": {"city": "Oslo"}' in text  # a dict, as templates expect, not the client's JSON string
+    tok.chat_template = '{{ tools }} {{ \'{"name": function name, "parameters": dictionary}\' }}'  # Llama 3.x's
+    assert chat_traits(tok)["tool_format"] == "llama3"
+
+
+@pytest.fixture(scope="module")
+def accepts(embedded_path):
+    """``accepts(ebnf, text)``: the grammar reads the whole text and may end there."""
     import xgrammar as xgr
 
-    from minisgl.grammar.tools import tool_grammar
     from minisgl.tokenizer import load_tokenizer
 
-    info = xgr.TokenizerInfo.from_huggingface(load_tokenizer(embedded_path))
-    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(load_tokenizer(embedded_path)), max_threads=1)
 
     def accepts(ebnf: str, text: str) -> bool:
         m = xgr.GrammarMatcher(compiler.compile_grammar(ebnf))
         return m.accept_string(text) and m.is_completed()  # the end of the grammar: only a stop token may follow
+
+    return accepts
+
+
+def test_the_constraint_admits_calls_that_validate(accepts):
+    from minisgl.grammar.tools import tool_grammar
 
     required = tool_grammar(TOOLS, "required", False, "hermes")
     assert accepts(required, CALL)
@@ -122,6 +148,36 @@ def test_the_constraint_admits_calls_that_validate(embedded_path):
     assert accepts(tool_grammar(TOOLS, "required", True, "llama3"), '{"name": "get_weather", "parameters": '
                    '{"city": "Oslo", "unit": "fahrenheit"}}')  # fmt: skip
     assert tool_grammar(TOOLS, "none", True, "hermes") is None
+
+
+class Place(pydantic.BaseModel):
+    city: str
+    country: str
+
+
+class Trip(pydantic.BaseModel):
+    start: Place
+    stops: list[Place]
+
+
+class Tree(pydantic.BaseModel):
+    value: int
+    kids: list[Tree]
+
+
+def test_nested_and_recursive_models_keep_their_refs(accepts):
+    """pydantic writes a nested model as ``$defs`` and ``$ref``s into the parameters' own root: they
+    must still resolve once the parameters sit inside the call's schema."""
+    from minisgl.grammar.tools import tool_grammar
+
+    tools = [openai.pydantic_function_tool(Trip), openai.pydantic_function_tool(Tree)]
+    ebnf = tool_grammar(tools, "required", False, "hermes")
+    trip = {"start": {"city": "Oslo", "country": "NO"}, "stops": [{"city": "Rome", "country": "IT"}]}
+    block = '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call>'
+    assert accepts(ebnf, block.format("Trip", json.dumps(trip)))
+    assert accepts(ebnf, block.format("Tree", json.dumps({"value": 1, "kids": [{"value": 2, "kids": []}]})))
+    assert not accepts(ebnf, block.format("Trip", json.dumps({"start": {"city": "Oslo"}, "stops": []})))
+    assert not accepts(ebnf, block.format("Tree", json.dumps(trip)))
 
 
 # ---- a server on the embedded model, through the real clients ---------------------------------------------
@@ -262,6 +318,8 @@ def test_reasoning_is_split_streamed_and_not(server, client):
             "tools",
         ),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+        ({"tools": TOOLS + TOOLS}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}, "tools"),
         ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
         ({"tools": None, "tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, None),

@@ -30,17 +30,38 @@ def args_key(fmt: str) -> str:
 
 
 def call_schema(tools: list[dict[str, Any]], fmt: str) -> dict[str, Any]:
-    """The JSON schema of one call to any of ``tools`` (OpenAI's ``{"type": "function", "function": ...}``)."""
-    key = args_key(fmt)
-    cases = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t["function"]["name"]}, key: t["function"].get("parameters") or {}},
-            "required": ["name", key],
-        }
-        for t in tools
-    ]
-    return cases[0] if len(cases) == 1 else {"anyOf": cases}
+    """The JSON schema of one call to any of ``tools`` (OpenAI's ``{"type": "function", "function": ...}``).
+    Each function's ``parameters`` becomes ``$defs/f<i>`` (its own ``$defs`` hoisted beside it as
+    ``f<i>.<name>``), its ``$ref``s rewritten: they point into the schema they came from."""
+    key, defs, cases = args_key(fmt), {}, []
+    for i, t in enumerate(tools):
+        params = dict(t["function"].get("parameters") or {"type": "object", "properties": {}})  # none: no arguments
+        own = {**params.pop("definitions", {}), **params.pop("$defs", {})}
+        fix = _refs(f"f{i}")
+        defs |= {f"f{i}.{name}": fix(d) for name, d in own.items()} | {f"f{i}": fix(params)}
+        props = {"name": {"const": t["function"]["name"]}, key: {"$ref": f"#/$defs/f{i}"}}
+        cases.append({"type": "object", "properties": props, "required": ["name", key]})
+    return {"anyOf": cases, "$defs": defs} if len(cases) > 1 else {**cases[0], "$defs": defs}
+
+
+def _refs(name: str):
+    def fix(v: Any) -> Any:
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        if not isinstance(v, dict):
+            return v
+        out = {k: fix(x) for k, x in v.items()}
+        ref = v.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            for head in ("#/$defs/", "#/definitions/"):
+                if ref.startswith(head):
+                    out["$ref"] = f"#/$defs/{name}.{ref[len(head) :]}"
+                    break
+            else:
+                out["$ref"] = f"#/$defs/{name}{ref[1:]}"
+        return out
+
+    return fix
 
 
 def check_parameters(parameters: dict[str, Any]) -> None:

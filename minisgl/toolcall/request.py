@@ -33,10 +33,14 @@ class ToolRequest(BaseModel):
     @classmethod
     def _check_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
         for i, t in enumerate(tools or ()):
+            if (t.function.parameters or {}).get("type", "object") != "object":
+                raise ValueError(f"tools.{i}.function.parameters must describe an object (the arguments)")
             try:
                 cls.check_parameters(t.function.parameters or {})
             except ValueError as e:
                 raise ValueError(f"tools.{i}.function.parameters is not a schema calls can follow: {e}") from None
+        if len({t.function.name for t in tools or ()}) < len(tools or ()):
+            raise ValueError("two functions have the same name")
         return tools
 
     @field_validator("tool_choice")

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from minisgl.logprobs.api import SeqLogprobs
 from minisgl.message import ErrorMsg, ReplyMsg, TokenizeMsg
 from minisgl.server.errors import ApiError, ClientDisconnected, error_body
-from minisgl.server.logprobs import SeqLogprobs
 from minisgl.tokenizer.detokenizer import StopStrings
 
 if TYPE_CHECKING:

@@ -259,6 +259,7 @@ def test_sglang_flags_become_ours():
         (["--grammar-backend", "outlines"], "grammar_backend 'outlines': xgrammar (the default) and dfa are built in"),
         (["--grammar-backend", "none"], "none is never needed"),
         (["--max-prefill-tokens", "0"], "--max-prefill-tokens must be >= 1"),
+        (["--chat-template", "chatml"], "--chat-template chatml: no such file, and not a template"),
         (["--attention-backend", "flashmla"], "--attention-backend flashmla: unknown"),
         (["--attention-backend", "torch,flashmla"], "--attention-backend torch,flashmla: unknown"),
         (["--chunked-prefill-size", "0"], "-1 for no chunking"),

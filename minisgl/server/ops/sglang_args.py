@@ -78,6 +78,9 @@ def apply_sglang_args(ap: argparse.ArgumentParser, ns: argparse.Namespace, engin
     if ns.chat_template is not None and os.path.isfile(ns.chat_template):
         with open(ns.chat_template, encoding="utf-8") as f:
             ns.chat_template = f.read()
+    elif ns.chat_template is not None and "{" not in ns.chat_template:  # a Jinja template has {{ }} or {% %}
+        why = "SGLang's named templates (chatml, ...) are not built in: give a Jinja file or the template itself"
+        ap.error(f"--chat-template {ns.chat_template}: no such file, and not a template. {why}")
     if ns.served_model_name is not None and not ns.served_model_name.strip():
         ap.error("--served-model-name must not be empty")
     n = ns.chunked_prefill_size

@@ -14,7 +14,6 @@ from minisgl import LLM, SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.env import ENV
 from minisgl.kernels import jit
-from minisgl.kernels.small_linear import max_rows
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
 from minisgl.quant import QUANTIZATIONS
 from minisgl.quant import cpu_int as ci
@@ -79,8 +78,8 @@ def test_quantization_error_is_within_half_a_step(fmt):
 def test_kernels_equal_the_reference_on_every_level(fmt, cpu_isa):
     """De-quantizing: the reference's float32 values bit for bit (and their bf16 rounding). The product,
     float32: small_linear's on the de-quantized weight bit for bit, within a float32 sum's bound of the
-    float64 product, and a row's result the same whatever rows come with it (1..8); bfloat16 input: the
-    float32 product rounded once."""
+    float64 product, and a row's result the same whatever rows come with it; bfloat16 input: the product
+    rounded once (past 8 rows: small_linear's on the bf16-rounded weight, bit for bit)."""
     g = torch.Generator().manual_seed(1)
     N, K = 37, 160
     qs, scales = FORMATS[fmt](torch.randn(N, K, generator=g))
@@ -90,10 +89,10 @@ def test_kernels_equal_the_reference_on_every_level(fmt, cpu_isa):
         w = torch.empty(N, K, dtype=dtype)
         lib.dequantize(qs, scales, w, 2)
         assert torch.equal(w, ref.to(dtype))
-    x = torch.randn(8, K, generator=g)
+    x = torch.randn(20, K, generator=g)
     exact = (x.double() @ ref.double().T).float()
     bound = 1e-6 * (x.abs() @ ref.abs().T) + 1e-6
-    for m in range(1, 9):
+    for m in (*range(1, 10), 13, 20):  # the streaming rows (<= 8), then the de-quantized tiles
         y, dense = torch.empty(m, N), torch.empty(m, N)
         lib.quant_linear(x[:m], qs, scales, y, 2)
         lib.small_linear(x[:m], ref, dense, 2)
@@ -105,7 +104,11 @@ def test_kernels_equal_the_reference_on_every_level(fmt, cpu_isa):
         xb = x[:m].bfloat16()
         lib.quant_linear(xb, qs, scales, yb, 2)
         want = (xb.double() @ ref.double().T).float()
-        assert ((yb.float() - want).abs() <= want.abs() / 128 + 1e-5).all()
+        assert ((yb.float() - want).abs() <= (xb.float().abs() @ ref.abs().T) / 128 + 1e-5).all()
+        if m > 8:  # the tiles multiply the bf16-rounded weight as small_linear does
+            dense = torch.empty(m, N, dtype=torch.bfloat16)
+            lib.small_linear(xb, ref.bfloat16(), dense, 2)
+            assert torch.equal(yb, dense)
 
 
 def _layer(kind, g) -> torch.nn.Module:
@@ -118,23 +121,24 @@ def _layer(kind, g) -> torch.nn.Module:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_quant_linear_layer_few_and_many_rows_and_without_the_library(fmt, monkeypatch):
-    """A layer's output is x times the de-quantized weight plus bias: through the kernel (<= 8 rows),
-    through the de-quantized copy (more rows; per row the same bits as alone where small_linear takes
-    the rows), and in torch without the library."""
+    """A layer's output is x times the de-quantized weight plus bias: through the kernel up to 64 rows,
+    every row the same bits as alone (float32); through a de-quantized copy past them; in torch without
+    the library."""
     g = torch.Generator().manual_seed(2)
     for kind in ("column", "row"):
         layer = ci.QuantLinear(_layer(kind, g), fmt)
         w = ci.dequantize(layer.qs, layer.scales)
         bias = layer.bias if layer.bias is not None else 0
-        x = torch.randn(2, 10, 96, generator=g)
+        x = torch.randn(2, 30, 96, generator=g)
         want = x @ w.T + bias
         many = layer(x)
-        assert many.shape == (2, 10, 64)
+        assert many.shape == (2, 30, 64)
         torch.testing.assert_close(many, want, atol=1e-4, rtol=1e-5)
-        alone = torch.cat([layer(x[:, i : i + 1]) for i in range(10)], 1)
+        alone = torch.cat([layer(x[:, i : i + 1]) for i in range(30)], 1)
         torch.testing.assert_close(alone, want, atol=1e-4, rtol=1e-5)
-        if max_rows(torch.float32) >= 20:
-            assert torch.equal(alone, many)
+        assert torch.equal(alone, many)
+        big = torch.randn(70, 96, generator=g)  # past 64 rows: the de-quantized copy and torch
+        torch.testing.assert_close(layer(big), big @ w.T + bias, atol=1e-4, rtol=1e-5)
         monkeypatch.setattr(ci, "kernels", lambda: jit.CpuKernels("portable", None))
         torch.testing.assert_close(layer(x), want, atol=1e-4, rtol=1e-5)
         monkeypatch.undo()
@@ -159,6 +163,7 @@ def test_engine_tokens_equal_the_dequantized_float_model(fmt, tiny_model):
     assert quant and not [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
     assert model.model.embed_tokens.weight.dtype == torch.float32 and model.lm_head.weight.dtype == torch.float32
     together = _generate(llm, PROMPTS)
+    assert model.model._cpu_decode_args or jit.cpu_module() is None  # the C++ decode layer took the blocks
     alone = [_generate(llm, [p])[0] for p in PROMPTS]
     deq = {n: ci.dequantize(m.qs, m.scales) for n, m in quant.items()}
     llm.shutdown()

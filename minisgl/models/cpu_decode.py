@@ -36,7 +36,8 @@ def takes(layer) -> bool:
         (mlp.gate_up_proj, MergedColumnParallelLinear),
         (mlp.down_proj, RowParallelLinear),
     ]
-    plain = all(type(m) is kind and m.bias is None for m, kind in linears)  # a quantized layer is another type
+    # the engine's own linear layers, or ones that hand the C++ layer blocks it reads (cpu_weights)
+    plain = all((type(m) is kind or hasattr(m, "cpu_weights")) and m.bias is None for m, kind in linears)
     own_math = all(n.fusable for n in norms) and attn.rotary[0].fusable and ACTIVATIONS.is_default(mlp.act)
     return plain and own_math
 
@@ -47,11 +48,15 @@ def layer_args(layer) -> tuple:
     them at every step would buy nothing but ~240 attribute reads a step). The C++ side checks every shape
     and dtype."""
     attn, mlp = layer.self_attn, layer.mlp
-    no_norm = attn.qkv_proj.weight.new_empty(0)  # no q/k norm (Llama): empty tensors
+    no_norm = layer.input_layernorm.weight.new_empty(0)  # no q/k norm (Llama), no scales (dense): empty
     qn, kn = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (no_norm, no_norm)
-    weights = (layer.input_layernorm.weight, attn.qkv_proj.weight, qn, kn)
-    weights += (attn.o_proj.weight, layer.post_attention_layernorm.weight)
-    weights += (mlp.gate_up_proj.weight, mlp.down_proj.weight)
+    # each linear layer's weight and its scales: a dense weight, or the blocks a layer hands over (cpu_weights)
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    (qkv, s_qkv), (o, s_o), (gate_up, s_gate_up), (down, s_down) = [
+        m.cpu_weights() if hasattr(m, "cpu_weights") else (m.weight, no_norm) for m in linears
+    ]
+    weights = (layer.input_layernorm.weight, qkv, qn, kn, o, layer.post_attention_layernorm.weight, gate_up, down)
+    weights += (s_qkv, s_o, s_gate_up, s_down)
     return weights, attn.attn.layer_id, attn.num_heads, attn.num_kv_heads, layer.input_layernorm.eps, attn.attn.scale
 
 
@@ -73,7 +78,7 @@ def run_layers(model, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
     if args is None:  # decided once per model: which implementation each part is does not change
         taken = all(takes(layer) for layer in model.layers)
         args = model._cpu_decode_args = [layer_args(layer) for layer in model.layers] if taken else []
-    if not args or args[0][0][1].dtype != x.dtype or x.shape[0] > max_rows(x.dtype):
+    if not args or args[0][0][0].dtype != x.dtype or x.shape[0] > max_rows(x.dtype):
         return None
     x = x.contiguous()
     residual = torch.empty_like(x)

@@ -17,11 +17,11 @@ low nibble of byte ``j`` and element ``j + 16`` in its high nibble, as GGUF pack
 tensor's blocks are these bytes and scales as they are (split into ``qs`` and scales).
 
 :class:`QuantLinear` replaces the engine's column- and row-parallel layers (the embedding and the LM
-head stay in the model's dtype). Its weight is de-quantized inside the C++ kernel
-(``kernels/csrc/quant_linear.h``) for up to ``STREAM_ROWS`` rows (a decode step: it reads the
-quantized bytes once); past them, ``dequantize`` writes the weight in the input's dtype, ``CHUNK``
-elements at a time, and the dense product runs on that transient copy (prefill: the product's
-arithmetic dwarfs one pass over the weight), so nothing but the quantized bytes stays resident.
+head stay in the model's dtype). Up to ``ROW_LIMIT`` rows (decode steps) its weight is de-quantized
+inside the C++ kernel (``kernels/csrc/quant_linear.h``; the C++ decode layer calls the same kernel
+through :meth:`QuantLinear.cpu_weights`); past them (prefill), ``dequantize`` writes the weight in the
+input's dtype, ``CHUNK`` elements at a time, and the dense product runs on that transient copy (the
+product's arithmetic dwarfs one pass over the weight), so nothing but the quantized bytes stays resident.
 Without the C++ library (``MINISGL_DISABLE_JIT=1``) the same steps run in torch.
 """
 
@@ -32,7 +32,7 @@ from torch import nn
 
 from minisgl.distributed import all_reduce, get_tp_info
 from minisgl.kernels.jit import kernels
-from minisgl.kernels.small_linear import DTYPES, STREAM_ROWS, linear
+from minisgl.kernels.small_linear import DTYPES, ROW_LIMIT, linear
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 BLOCK = 32
@@ -90,7 +90,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         lib = kernels().lib
-        if lib is not None and rows.shape[0] <= STREAM_ROWS and x.dtype in DTYPES and x.is_cpu:
+        if lib is not None and rows.shape[0] <= ROW_LIMIT and x.dtype in DTYPES and x.is_cpu:
             y = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
             lib.quant_linear(rows.contiguous(), self.qs, self.scales, y, torch.get_num_threads())
         else:
@@ -101,6 +101,10 @@ class QuantLinear(nn.Module):
             y = all_reduce(y)
         y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def cpu_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the C++ decode layer multiplies by (``models/cpu_decode.py``): the blocks and their scales."""
+        return self.qs, self.scales
 
     def weight_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``start:stop`` of the de-quantized weight, in ``dtype`` (a transient copy)."""

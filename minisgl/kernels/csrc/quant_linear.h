@@ -8,14 +8,15 @@
 //
 // A de-quantized weight is exact in float32 (d * q: 11 + 8 bits), and d * q + m is rounded once
 // whether or not the sum is fused, so every level gives the reference de-quantizer's float32 values
-// bit for bit. Each dot product is then summed as small_linear.h's float32 kernel sums it (kU
-// interleaved accumulators of one vector each, reduced in one fixed order): for float32 x the result
-// is small_linear's on the de-quantized weight, bit for bit, and a row's result does not depend on how
-// many rows came with it. bfloat16 x is widened to float32 once per call; the output is rounded once.
-//
-// Work is split over output rows (OpenMP); each weight row and its scales are read once, front to back,
-// for up to kQuantTile rows of x at a time (meant for a decode step's few rows: past them, the caller
-// de-quantizes to its dtype with dequantize() and runs a dense product).
+// bit for bit. Up to small_linear's kSmallRows rows of x (a decode step) each weight row and its scales
+// are read once, front to back (OpenMP over output rows), for kQuantTile rows of x at a time, and each
+// dot product is summed as small_linear.h's float32 kernel sums it (kU interleaved accumulators,
+// reduced in one fixed order). Past them (more arithmetic per weight), kTileN weight rows at a time are
+// de-quantized to x's dtype in a per-thread buffer and small_linear's tiles multiply them. So for
+// float32 x the result is small_linear's on the de-quantized weight, bit for bit, for any rows, and a
+// row's result does not depend on how many rows came with it. bfloat16 x: the streaming rows multiply
+// the float32 weight (x widened), the tiles its bf16 rounding (bf16 dot products where the CPU has
+// them), so a row's bits can change between kSmallRows rows and more; the output is rounded once.
 #pragma once
 
 #include <algorithm>
@@ -98,9 +99,15 @@ struct Block<4> {
   }
 };
 
-// out[m * N] = dot(x[m], w) for MT rows of x and one quantized weight row (q, its float scales s)
+// a block's scales as float32 (F16C's one instruction each where the level has it)
+template <int Bits>
+inline void block_scales(const uint16_t* h, float* s) {
+  for (int i = 0; i < Block<Bits>::kScales; ++i) s[i] = half_to_f(h[i]);
+}
+
+// out[m * N] = dot(x[m], w) for MT rows of x and one quantized weight row (q, its fp16 scales h)
 template <int Bits, int MT, typename OT>
-void dot_rows(const float* x, const uint8_t* q, const float* s, OT* out, int64_t K, int64_t N) {
+void dot_rows(const float* x, const uint8_t* q, const uint16_t* h, OT* out, int64_t K, int64_t N) {
   using B = Block<Bits>;
   VF acc[MT][kAcc];
 #pragma GCC unroll 4
@@ -108,9 +115,11 @@ void dot_rows(const float* x, const uint8_t* q, const float* s, OT* out, int64_t
 #pragma GCC unroll 2
     for (int u = 0; u < kAcc; ++u) acc[m][u] = vzero();
   for (int64_t b = 0; b < K / kBlock; ++b) {
+    float s[2];
+    block_scales<Bits>(h + b * B::kScales, s);
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) {
-      const VF w = B::get(q + b * B::kBytes, s + b * B::kScales, v);
+      const VF w = B::get(q + b * B::kBytes, s, v);
       const int64_t k = b * kBlock + v * kLanes;
 #pragma GCC unroll 4
       for (int m = 0; m < MT; ++m) acc[m][v % kAcc] = vfma(vload(x + m * K + k), w, acc[m][v % kAcc]);
@@ -124,14 +133,6 @@ void dot_rows(const float* x, const uint8_t* q, const float* s, OT* out, int64_t
   }
 }
 
-// one weight row's fp16 scales as float32, in a buffer of the calling thread
-inline const float* row_scales(const uint16_t* s, int64_t count) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < count) buf.resize(count);
-  for (int64_t i = 0; i < count; ++i) buf[i] = half_to_f(s[i]);
-  return buf.data();
-}
-
 template <int Bits, typename OT>
 void run(const float* x, const uint8_t* q, const uint16_t* scales, OT* out, int64_t M, int64_t K, int64_t N,
          int threads) {
@@ -140,7 +141,7 @@ void run(const float* x, const uint8_t* q, const uint16_t* scales, OT* out, int6
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* qn = q + n * row_bytes;
-    const float* s = row_scales(scales + n * row_scales_n, row_scales_n);
+    const uint16_t* s = scales + n * row_scales_n;
     for (int64_t m0 = 0; m0 < M; m0 += kQuantTile) {  // the row stays in L1 between passes
       const float* xm = x + m0 * K;
       OT* om = out + m0 * N + n;
@@ -154,18 +155,60 @@ void run(const float* x, const uint8_t* q, const uint16_t* scales, OT* out, int6
   }
 }
 
+// n rows of weight blocks (q, scales from their first) de-quantized into out [n, K], rounded to T
+template <int Bits, typename T>
+void dequant_rows(const uint8_t* q, const uint16_t* scales, T* out, int64_t blocks) {
+  using B = Block<Bits>;
+  for (int64_t b = 0; b < blocks; ++b) {
+    float s[2];
+    block_scales<Bits>(scales + b * B::kScales, s);
+    for (int v = 0; v < kVecs; ++v) vstore(out + b * kBlock + v * kLanes, vround(B::get(q + b * B::kBytes, s, v), T{}));
+  }
+}
+
+// Past small_linear's streaming rows: kTileN weight rows at a time de-quantized to T in a buffer of
+// the thread (L1-sized), then multiplied by small_linear's tiles as a dense weight (xs: x as it takes it)
+template <int Bits, typename XT, typename T>
+void tiled(const XT* xs, const uint8_t* q, const uint16_t* scales, T* out, int64_t M, int64_t K, int64_t N,
+           int threads) {
+  using B = Block<Bits>;
+  constexpr int64_t NT = linear_detail::kTileN;
+  static_assert(NT <= 4, "the switch below lists block widths 4 to 1");
+  const int64_t row_blocks = K / kBlock;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<T> buf(NT * K);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < (N + NT - 1) / NT; ++t) {
+      const int64_t n = t * NT, rows = std::min<int64_t>(NT, N - n);
+      dequant_rows<Bits, T>(q + n * row_blocks * B::kBytes, scales + n * row_blocks * B::kScales, buf.data(),
+                            rows * row_blocks);
+      switch (rows) {
+        case 4: linear_detail::tiles<XT, T, T, 4>(xs, buf.data(), out + n, M, K, N); break;
+        case 3: linear_detail::tiles<XT, T, T, 3>(xs, buf.data(), out + n, M, K, N); break;
+        case 2: linear_detail::tiles<XT, T, T, 2>(xs, buf.data(), out + n, M, K, N); break;
+        default: linear_detail::tiles<XT, T, T, 1>(xs, buf.data(), out + n, M, K, N); break;
+      }
+    }
+  }
+}
+
 }  // namespace quant_detail
 
 // qlinear: out [M, N] = x [M, K] w^T, w in the format of Bits (8: Q8_0, 4: Q4_1); T = float or uint16_t (bf16)
 template <int Bits, typename T>
 void qlinear(const T* x, const uint8_t* q, const uint16_t* scales, T* out, int64_t M, int64_t K, int64_t N,
                   int threads) {
+  const bool tiles = M > linear_detail::kSmallRows;
   if constexpr (std::is_same_v<T, float>) {
+    if (tiles) return quant_detail::tiled<Bits, float, T>(x, q, scales, out, M, K, N, threads);
     quant_detail::run<Bits, T>(x, q, scales, out, M, K, N, threads);
   } else {
+    if (tiles && linear_detail::kNativeBf16) return quant_detail::tiled<Bits, T, T>(x, q, scales, out, M, K, N, threads);
     thread_local std::vector<float> xf;  // kept from call to call (fresh ones would come from mmap)
     if (static_cast<int64_t>(xf.size()) < M * K) xf.resize(M * K);
     for (int64_t i = 0; i < M * K; ++i) xf[i] = to_f(x[i]);
+    if (tiles) return quant_detail::tiled<Bits, float, T>(xf.data(), q, scales, out, M, K, N, threads);
     quant_detail::run<Bits, T>(xf.data(), q, scales, out, M, K, N, threads);
   }
 }
@@ -175,13 +218,10 @@ template <int Bits, typename T>
 void dequantize_blocks(const uint8_t* q, const uint16_t* scales, T* out, int64_t N, int64_t K, int threads) {
   using namespace quant_detail;
   using B = Block<Bits>;
-  const int64_t blocks = N * (K / kBlock);
+  const int64_t row_blocks = K / kBlock;
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; ++b) {
-    float s[2];
-    for (int i = 0; i < B::kScales; ++i) s[i] = half_to_f(scales[b * B::kScales + i]);
-    for (int v = 0; v < kVecs; ++v) vstore(out + b * kBlock + v * kLanes, vround(B::get(q + b * B::kBytes, s, v), T{}));
-  }
+  for (int64_t n = 0; n < N; ++n)
+    dequant_rows<Bits, T>(q + n * row_blocks * B::kBytes, scales + n * row_blocks * B::kScales, out + n * K, row_blocks);
 }
 
 }  // namespace minisgl

@@ -15,6 +15,8 @@
 //   5 rope       n heads d positions    pos[n] int64, x[n,heads*d], cs[positions,d] float32 -> x
 //   6 attend     B H Hkv D S Lmax thr   q[B,H,D] k[S,Hkv,D] v[S,Hkv,D] slots[B,Lmax] int64 lens[B] int32
 //                                                                            -> out[B,H,D]
+//   7 qlinear    bits M K N threads     x[M,K] qs (int8 [N,K] / uint8 [N,K/2]) scales fp16 (1 / 2 per 32)
+//                                                                            -> out[M,N]
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,7 @@
 
 #include "cpu_fused.h"
 #include "paged_decode.h"
+#include "quant_linear.h"
 #include "small_linear.h"
 
 namespace {
@@ -111,6 +114,17 @@ void run(int64_t op, const std::vector<int64_t>& z, double param) {
       emit(o);
       break;
     }
+    case 7: {
+      const int64_t M = z[1], K = z[2], N = z[3];
+      const bool q8 = z[0] == 8;
+      auto x = array<T>(M * K);
+      auto qs = array<uint8_t>(q8 ? N * K : N * K / 2);
+      auto sc = array<uint16_t>(N * K / 32 * (q8 ? 1 : 2));
+      std::vector<T> o(M * N);
+      (q8 ? qlinear<8, T> : qlinear<4, T>)(x.data(), qs.data(), sc.data(), o.data(), M, K, N, static_cast<int>(z[4]));
+      emit(o);
+      break;
+    }
     default:
       std::fprintf(stderr, "unknown op %lld\n", static_cast<long long>(op));
       std::exit(2);
@@ -130,10 +144,10 @@ int main(int argc, char** argv) {
     std::perror("open");
     return 2;
   }
-  static const int kSizes[] = {0, 4, 2, 2, 2, 4, 7};  // int64 sizes of each op
+  static const int kSizes[] = {0, 4, 2, 2, 2, 4, 7, 5};  // int64 sizes of each op
   int64_t op;
   while (std::fread(&op, sizeof op, 1, in) == 1) {
-    if (op < 1 || op > 6) {
+    if (op < 1 || op > 7) {
       std::fprintf(stderr, "unknown op %lld\n", static_cast<long long>(op));
       return 2;
     }

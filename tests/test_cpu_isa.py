@@ -19,13 +19,14 @@ import pytest
 import torch
 
 from minisgl.kernels import jit
+from minisgl.quant.cpu_int import dequantize, quantize_q4_1, quantize_q8_0
 
 HARNESS = Path(__file__).parent / "cpu_kernels_harness.cc"
 # -O1: the bits do not depend on the optimisation level (no -ffast-math, no contraction), and it
 # compiles in half the time of -O3; the libraries themselves are -O3
 FLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fopenmp", "-Wno-psabi", f"-I{jit.CSRC}"]
 ARM_CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64-static"
-LINEAR, RMSNORM, ADD_NORM, SILU, ROPE, ATTEND = 1, 2, 3, 4, 5, 6
+LINEAR, RMSNORM, ADD_NORM, SILU, ROPE, ATTEND, QLINEAR = 1, 2, 3, 4, 5, 6, 7
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -58,6 +59,11 @@ def _cases() -> list[tuple]:
             slots = torch.randperm(500, generator=g)[: 6 * 40].view(6, 40)
             lens = torch.tensor([1, 5, 40, 17, 33, 2], dtype=torch.int32)
             out.append((ATTEND, dtype, (6, 8, 2, dim, 500, 40, 2), 0.125, (q, k, v, slots, lens), [(6, 8, dim)]))
+        wq = torch.randn(33, 160, generator=g)
+        for bits, blocks in ((8, quantize_q8_0(wq)), (4, quantize_q4_1(wq))):  # streaming rows, then tiles
+            for rows in (1, 2, 5, 8, 9, 13):
+                xq = x[:rows, :160].contiguous()
+                out.append((QLINEAR, dtype, (bits, rows, 160, 33, 2), 0.0, (xq, *blocks), [(rows, 33)]))
     return out
 
 
@@ -102,6 +108,8 @@ def _library(level: str, cases: list[tuple]) -> list[list[torch.Tensor]]:
             pos, x, cs = inputs
             got = [x.clone()]
             mod.rope(pos, got[0], torch.zeros(x.shape[0], sizes[2], dtype=dtype), cs, sizes[2])
+        elif op == QLINEAR:
+            mod.quant_linear(*inputs, got[0], sizes[4])
         else:
             mod.paged_decode_attention(*inputs, got[0], param, sizes[6])
         out.append(got)
@@ -109,7 +117,7 @@ def _library(level: str, cases: list[tuple]) -> list[list[torch.Tensor]]:
 
 
 def _compare(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]], cases: list[tuple], where: str) -> None:
-    names = dict(zip(range(1, 7), ("linear", "rmsnorm", "add_rmsnorm", "silu", "rope", "attend")))
+    names = dict(zip(range(1, 8), ("linear", "rmsnorm", "add_rmsnorm", "silu", "rope", "attend", "qlinear")))
     for i, (a, b) in enumerate(zip(got, want)):
         op, dtype, sizes = cases[i][:3]
         same = all(_bits(x) == _bits(y) for x, y in zip(a, b))
@@ -130,6 +138,11 @@ def _torch_checks(got: list[list[torch.Tensor]], cases: list[tuple]) -> None:
                 alone[dtype, "batch"] = outs[0]
             elif sizes[0] == 1:
                 alone.setdefault(dtype, []).append(outs[0])
+        elif op == QLINEAR:  # the de-quantized weight's product, as the linear kernel's bound (bf16 past 8 rows)
+            x, w = inputs[0].double(), dequantize(*inputs[1:]).double()
+            exact, scale = x @ w.T, x.abs() @ w.abs().T
+            bound = scale * sizes[2] * 2**-24 + (scale * 2**-7 if dtype == torch.bfloat16 else 0)
+            assert ((outs[0].double() - exact).abs() <= bound).all(), (dtype, sizes)
         elif op == ROPE:
             from minisgl.layers.rotary import apply_rotary
 

@@ -160,8 +160,9 @@ class ServerMetrics:
         for name, gauge in self.gauges.items():
             if stats is not None:
                 gauge.labels(model).set(GAUGES[name][1](stats))
-        if stats is not None:
+        if stats is not None and "queue_times" in stats:  # the scheduler's counters (a stats without them: gauges only)
             self._from_scheduler(stats, model)
+        if stats is not None:
             for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.num_requests):
                 metric.labels(model)
             for metric in (self.num_aborted, self.ttft, self.itl, self.e2e, self.tpot, self.queue_time):

@@ -83,7 +83,7 @@ HUGE_PAGE = 2**21
 
 
 def pack_on_huge_pages(model: nn.Module) -> int:
-    """CPU: move every parameter in the model's dtype into one block of memory that the kernel backs
+    """CPU: move every parameter into one block of memory that the kernel backs
     with 2 MiB pages (Linux, ``madvise(MADV_HUGEPAGE)``), in module order; returns the bytes moved (0
     where the OS has no such advice). A decode step streams all the weights; on 4 KiB pages that is a
     TLB miss every 4 KiB, and torch's allocator asks for huge pages only for blocks of 2 MiB and up
@@ -92,20 +92,17 @@ def pack_on_huge_pages(model: nn.Module) -> int:
 
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return 0
-    params = list({id(p): p for p in model.parameters()}.values())  # a tied weight once
-    dtype = params[0].dtype
-    params = [p for p in params if p.dtype == dtype and p.device.type == "cpu"]
-    align = 64 // dtype.itemsize  # each tensor on a cache line of its own
-    sizes = [-(-p.numel() // align) * align for p in params]
-    total = sum(sizes) * dtype.itemsize
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if p.device.type == "cpu"]  # tied: once
+    sizes = [-(-p.numel() * p.element_size() // 64) * 64 for p in params]  # each on cache lines of its own
+    total = sum(sizes)
     block = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     block.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(block, dtype=torch.uint8)
     start = -raw.data_ptr() % HUGE_PAGE  # huge pages cover 2 MiB-aligned ranges
-    arena = raw[start : start + total].view(dtype)
+    arena = raw[start : start + total]
     offset = 0
-    for p, n in zip(params, sizes):
-        view = arena[offset : offset + p.numel()].view(p.shape)
+    for p, n in zip(params, sizes):  # any dtype (a quantized layer's blocks and scales too)
+        view = arena[offset : offset + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
         view.copy_(p.data)
         p.data = view
         offset += n

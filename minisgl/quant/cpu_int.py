@@ -27,6 +27,9 @@ Without the C++ library (``MINISGL_DISABLE_JIT=1``) the same steps run in torch.
 
 from __future__ import annotations
 
+import ctypes
+import gc
+
 import torch
 from torch import nn
 
@@ -130,6 +133,11 @@ def quantize_linears(model: nn.Module, fmt: str) -> tuple[int, int]:
 
 def _apply(model: nn.Module, fmt: str) -> str:
     n, left = quantize_linears(model, fmt)
+    gc.collect()  # a replaced layer is a cycle (weight -> weight_loader -> layer): free its weight now
+    try:  # and hand the freed pages back (glibc keeps freed blocks in the heap: minisgl.utils)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     size = sum(p.numel() * p.element_size() for m in layers for p in (m.qs, m.scales)) / 2**20
     return f"{n} linear layers in {fmt} ({size:.1f} MiB), {left} left as they were (width not a multiple of 32)"

@@ -95,7 +95,7 @@ struct Block<4> {
   static VF get(const uint8_t* q, const float* s, int v) {
     const int e = v * kLanes;  // elements 0-15: low nibbles of bytes 0-15; 16-31: their high nibbles
     const VI b = vload_u8(q + e % 16);
-    return vfma(vset(s[0]), vcvt(vand_i(e >= 16 ? vshr_i(b, 4) : b, vset_i(15))), vset(s[1]));
+    return vfma(vset(s[0]), vcvt(e >= 16 ? vshr_i(b, 4) : vand_i(b, vset_i(15))), vset(s[1]));  // b < 256
   }
 };
 

@@ -251,5 +251,5 @@ def test_fp8_weights_move_the_logits_boundedly(tiny_model):
 
 
 def test_unknown_quantization_is_refused():
-    with pytest.raises(ValueError, match="quantization must be fp8, int8, int4 or None, got .int3."):
+    with pytest.raises(ValueError, match="quantization must be fp8, int8, int4, auto or None, got .int3."):
         EngineConfig(quantization="int3")

@@ -180,5 +180,34 @@ def test_engine_tokens_equal_the_dequantized_float_model(fmt, tiny_model):
 def test_int_formats_are_known_and_a_bad_name_is_refused():
     assert EngineConfig(quantization="int8").quantization == "int8"
     assert QUANTIZATIONS.get("int4") is ci.apply_int4
-    with pytest.raises(ValueError, match="quantization must be fp8, int8, int4 or None, got 'int16'"):
+    with pytest.raises(ValueError, match="quantization must be fp8, int8, int4, auto or None, got 'int16'"):
         EngineConfig(quantization="int16")
+
+
+def test_auto_keeps_the_embedded_gguf_blocks_as_they_are():
+    """``quantization=auto`` on the embedded model: each linear layer holds the GGUF's own Q4_1 bytes and
+    scales (q/k rows back in HF's order), and its greedy tokens equal the plain float32 engine's, whose
+    weights are the same file de-quantized at conversion."""
+    from gguf import GGUFReader
+
+    from minisgl.models.embedded import gguf_path
+
+    raw = {t.name: t.data for t in GGUFReader(str(gguf_path())).tensors}
+    llm = LLM(None, dtype="float32", quantization="auto", num_pages=64)
+    model = llm.scheduler.engine.model
+    down = model.model.layers[3].mlp.down_proj
+    file = torch.from_numpy(raw["blk.3.ffn_down.weight"].copy()).reshape(576, -1, 20)
+    assert isinstance(down, ci.QuantLinear) and torch.equal(down.qs, file[..., 4:].reshape(576, -1))
+    assert torch.equal(down.scales.view(torch.uint8).reshape(576, -1, 4), file[..., :4])
+    assert sum(isinstance(m, ci.QuantLinear) for m in model.modules()) == 4 * len(model.model.layers)
+    prompt = list(range(100, 130))
+    got = _generate(llm, [prompt])
+    llm.shutdown()
+    ref = LLM(None, dtype="float32", num_pages=64)
+    assert got == _generate(ref, [prompt])
+    ref.shutdown()
+
+
+def test_auto_refuses_weights_that_are_not_the_embedded_models(tiny_llama):
+    with pytest.raises(ValueError, match="quantization auto: layer 0 qkv_proj is not the embedded model's"):
+        LLM(str(tiny_llama), dtype="float32", quantization="auto", num_pages=64)

@@ -90,8 +90,8 @@ class EngineConfig:
         "fp8: the linear layers' weights in FP8 with a scale per output row, inputs quantized per token "
         "(W8A8; FP8 tensor cores on Hopper, the same rounding emulated elsewhere); the embedding and LM "
         "head stay in --dtype; int8 / int4 (CPU): weight-only GGUF Q8_0 / Q4_1 blocks of 32, de-quantized in "
-        "the C++ kernels",
-        choices=("fp8", "int8", "int4"),
+        "the C++ kernels; auto: the embedded model's own GGUF Q4_1 blocks, kept as they are",
+        choices=("fp8", "int8", "int4", "auto"),
     )
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     tp_size: int = option(
@@ -230,8 +230,8 @@ class EngineConfig:
             raise ValueError(f"memory_ratio must be in (0, 1], got {self.memory_ratio}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.quantization not in (None, "fp8", "int8", "int4"):
-            raise ValueError(f"quantization must be fp8, int8, int4 or None, got {self.quantization!r}")
+        if self.quantization not in (None, "fp8", "int8", "int4", "auto"):
+            raise ValueError(f"quantization must be fp8, int8, int4, auto or None, got {self.quantization!r}")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8_e4m3, got {self.kv_cache_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

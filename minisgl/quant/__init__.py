@@ -28,6 +28,7 @@ QUANTIZATIONS: Registry[Quantize] = Registry(
         "fp8": "minisgl.quant.fp8:apply",
         "int8": "minisgl.quant.cpu_int:apply_int8",
         "int4": "minisgl.quant.cpu_int:apply_int4",
+        "auto": "minisgl.quant.cpu_int:apply_auto",
     },
 )
 

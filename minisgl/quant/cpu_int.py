@@ -80,11 +80,11 @@ class QuantLinear(nn.Module):
     """A column- or row-parallel layer with its weight in Q8_0 or Q4_1 (made from the loaded layer it
     replaces); ``reduce``: a row-parallel layer over several ranks."""
 
-    def __init__(self, layer: nn.Module, fmt: str):
+    def __init__(self, layer: nn.Module, fmt: str, blocks: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
-        w = layer.weight.data
+        w = layer.weight.data  # blocks: (qs, scales) already made (a GGUF's), else quantized from w
         self.out_features, self.in_features = w.shape
-        qs, scales = QUANTIZERS[fmt](w)
+        qs, scales = QUANTIZERS[fmt](w) if blocks is None else blocks
         self.qs = nn.Parameter(qs, requires_grad=False)
         self.scales = nn.Parameter(scales, requires_grad=False)
         self.bias = layer.bias
@@ -132,15 +132,57 @@ def quantize_linears(model: nn.Module, fmt: str) -> tuple[int, int]:
 
 
 def _apply(model: nn.Module, fmt: str) -> str:
-    n, left = quantize_linears(model, fmt)
+    return _report(model, fmt, quantize_linears(model, fmt)[1])
+
+
+def _report(model: nn.Module, fmt: str, left: int) -> str:
     gc.collect()  # a replaced layer is a cycle (weight -> weight_loader -> layer): free its weight now
     try:  # and hand the freed pages back (glibc keeps freed blocks in the heap: minisgl.utils)
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    n = len(layers)
     size = sum(p.numel() * p.element_size() for m in layers for p in (m.qs, m.scales)) / 2**20
     return f"{n} linear layers in {fmt} ({size:.1f} MiB), {left} left as they were (width not a multiple of 32)"
+
+
+def gguf_q4_1(raw: torch.Tensor, heads: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q4_1 tensor's bytes ``[N, K/32 * 20]`` (per block: fp16 d, fp16 m, 16 bytes) as ``(qs, dm)``;
+    ``heads``: undo llama.cpp's reordering of q/k rows for its rotary (rows in pairs, per head)."""
+    n = raw.shape[0]
+    b = raw.reshape(n, -1, 20)
+    qs, dm = b[..., 4:].reshape(n, -1), b[..., :4].contiguous().view(torch.float16).reshape(n, -1, 2)
+    if heads:
+        qs, dm = (t.reshape(heads, -1, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape) for t in (qs, dm))
+    return qs.contiguous(), dm.contiguous()
+
+
+def apply_auto(model: nn.Module) -> str:
+    """``--quantization auto``: the embedded model's linear layers keep its GGUF's own Q4_1 blocks (no
+    de-quantize / re-quantize round trip); refused for other weights (checked: the blocks must
+    de-quantize to the weights loaded)."""
+    from gguf import GGUFReader
+
+    from minisgl.models.embedded import gguf_path
+
+    tensors = {t.name: torch.from_numpy(t.data.copy()) for t in GGUFReader(str(gguf_path())).tensors}
+    for i, block in enumerate(model.model.layers):
+        attn, mlp = block.self_attn, block.mlp
+        raw = lambda name, heads=0, i=i: gguf_q4_1(tensors[f"blk.{i}.{name}.weight"], heads)  # noqa: E731
+        parts = {
+            "qkv_proj": (attn, [raw("attn_q", attn.num_heads), raw("attn_k", attn.num_kv_heads), raw("attn_v")]),
+            "o_proj": (attn, [raw("attn_output")]),
+            "gate_up_proj": (mlp, [raw("ffn_gate"), raw("ffn_up")]),
+            "down_proj": (mlp, [raw("ffn_down")]),
+        }
+        for attr, (owner, blocks) in parts.items():
+            layer = getattr(owner, attr)
+            qs, dm = torch.cat([q for q, _ in blocks]), torch.cat([d for _, d in blocks])
+            if not torch.equal(dequantize(qs, dm).to(layer.weight.dtype), layer.weight.data):
+                raise ValueError(f"quantization auto: layer {i} {attr} is not the embedded model's GGUF weight")
+            setattr(owner, attr, QuantLinear(layer, "int4", (qs, dm)))
+    return _report(model, "the GGUF's own Q4_1", 0)
 
 
 def apply_int8(model: nn.Module) -> str:

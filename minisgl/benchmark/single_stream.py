@@ -3,6 +3,7 @@ engine and for llama.cpp (through llama-cpp-python) on the same model and prompt
 
     python -m minisgl.benchmark.single_stream                       # the embedded model, minisgl
     python -m minisgl.benchmark.single_stream --gguf smollm2-bf16.gguf   # and llama.cpp on its GGUF
+    python -m minisgl.benchmark.single_stream --dtypes bfloat16:int4,bfloat16:int8 --gguf q4_1.gguf,q8_0.gguf
 
 The GGUF comes from the same HF folder (``minisgl.models.embedded.embedded_model_path()``) through
 llama.cpp's ``convert_hf_to_gguf.py --outtype bf16``. Decode speed excludes the prompt's prefill and the
@@ -32,10 +33,12 @@ def decode_rate(stamps: list[float]) -> float:
 
 
 def minisgl_runner(dtype: str, tokens: int):
-    """``(run, close)``: ``run()`` decodes one chat answer and returns its tokens per second."""
+    """``(run, close)``: ``run()`` decodes one chat answer and returns its tokens per second. ``dtype``:
+    the engine's dtype, or ``dtype:quantization`` (e.g. ``bfloat16:int4``: weights in 4-bit blocks)."""
     from minisgl import LLM, SamplingParams
 
-    llm = LLM(None, dtype=dtype)
+    dtype, _, quantization = dtype.partition(":")
+    llm = LLM(None, dtype=dtype, quantization=quantization or None)
     ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
@@ -79,8 +82,8 @@ def llama_cpp_runner(gguf: str, tokens: int, threads: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gguf", default=None, help="llama.cpp: the model converted to GGUF")
-    ap.add_argument("--dtypes", default="bfloat16,float32", help="minisgl's dtypes to run")
+    ap.add_argument("--gguf", default=None, help="llama.cpp: the model converted to GGUF (several: a,b)")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="minisgl's dtypes to run (dtype:int4 etc.)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -90,8 +93,8 @@ def main() -> None:
     runners = {}
     for dtype in filter(None, args.dtypes.split(",")):
         runners[("minisgl", dtype)] = minisgl_runner(dtype, args.tokens)
-    if args.gguf:
-        runners[("llama.cpp", os.path.basename(args.gguf))] = llama_cpp_runner(args.gguf, args.tokens, args.threads)
+    for gguf in filter(None, (args.gguf or "").split(",")):
+        runners[("llama.cpp", os.path.basename(gguf))] = llama_cpp_runner(gguf, args.tokens, args.threads)
     rates = {key: [] for key in runners}
     try:
         # rounds, each engine once per round: a shared machine's drift hits every engine alike

@@ -262,7 +262,8 @@ MUTANTS += [
                 "    gate, up = x.chunk(2, dim=-1)\n    return gate * torch.sigmoid(gate) * up\n",
                 "    from minisgl.kernels import jit\n\n"
                 "    out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype)\n"
-                "    jit.kernels().lib.silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))\n"
+                "    lib = jit.kernels().lib\n"
+                "    lib.silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous(), out.view(-1, out.shape[-1]))\n"
                 "    return out\n",
             ),
         ),

@@ -3,6 +3,7 @@
     python -m minisgl.benchmark.quality --kv-cache-dtype fp8_e4m3          # vs the same model in bf16
     python -m minisgl.benchmark.quality --quantization fp8                 # FP8 weights (W8A8)
     python -m minisgl.benchmark.quality --dtype float32 --reference-dtype bfloat16
+    python -m minisgl.benchmark.quality --dtype float32 --quantization int8 --gguf bf16.gguf,q8_0.gguf
 
 Both engines run the embedded model (or ``--model``) on the same inputs:
 
@@ -13,6 +14,9 @@ Both engines run the embedded model (or ``--model``) on the same inputs:
   tokens), and how far each token's moved on average (changes of both signs cancel in the mean),
   teacher-forced: one request per prefix with ``max_tokens=1``, whose next-token
   distribution is recorded (its K/V go through the pool: an FP8 cache is read back as it would be).
+
+``--gguf REF,RUN`` adds llama.cpp's passage NLL (through llama-cpp-python, every position's logits of one
+evaluation of the passage) for two GGUFs of the same weights: the same change, measured in llama.cpp.
 
 Runs on the CPU (the math is the same on a GPU; only speed needs one).
 """
@@ -112,6 +116,26 @@ def measure(model: str | None, dtype: str, kv_cache_dtype: str, quantization: st
     )
 
 
+def llama_cpp_nll(gguf: str, text: str) -> list[float]:
+    """Per-token NLL of ``text`` under llama.cpp (``ids[1:]`` given their prefixes; the embedded model's
+    tokenizer's ids, as minisgl's measure uses)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    from minisgl.models.embedded import embedded_model_path
+    from minisgl.tokenizer import load_tokenizer
+
+    ids = load_tokenizer(embedded_model_path()).encode(text)
+    llm = Llama(gguf, n_ctx=1024, logits_all=True, verbose=False)
+    try:
+        llm.eval(ids)
+        logits = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+    finally:
+        llm.close()
+    logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    return [-float(logp[i - 1, ids[i]]) for i in range(1, len(ids))]
+
+
 def compare(run: dict, ref: dict) -> dict:
     same = sum(a == b for a, b in zip(run["answers"], ref["answers"]))
     before_split = 0
@@ -135,7 +159,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-cache-dtype", default="auto")
-    ap.add_argument("--quantization", default=None, choices=["fp8"])
+    ap.add_argument("--quantization", default=None, choices=["fp8", "int8", "int4", "auto"])
+    ap.add_argument("--gguf", default=None, help="REF,RUN: llama.cpp's NLL change between two GGUFs, beside")
     ap.add_argument("--reference-dtype", default=None, help="the reference's dtype (default: --dtype)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", default=None, help="append the result to this JSON file")
@@ -151,6 +176,17 @@ def main() -> None:
         **compare(run, ref),
         seconds=[ref["seconds"], run["seconds"]],
     )
+    if args.gguf:
+        ref_gguf, run_gguf = args.gguf.split(",")
+        a, b = llama_cpp_nll(ref_gguf, PASSAGE), llama_cpp_nll(run_gguf, PASSAGE)
+        row["llama_cpp"] = dict(
+            reference=ref_gguf.rsplit("/", 1)[-1],
+            run=run_gguf.rsplit("/", 1)[-1],
+            nll=round(mean(b), 4),
+            reference_nll=round(mean(a), 4),
+            nll_change=round(mean(b) - mean(a), 4),
+            mean_abs_token_nll_change=round(mean([abs(x - y) for x, y in zip(b, a)]), 4),
+        )
     print(json.dumps(row, indent=1))
     if args.json:
         try:

@@ -16,28 +16,6 @@ from minisgl.models import KNOWN_CONFIGS, ModelConfig
 from minisgl.models import embedded as emb
 
 
-@pytest.fixture(scope="module")
-def _cpu_libraries():
-    """Every level's library built at once (they compile side by side: ~2x faster on 2 cores)."""
-    import threading
-
-    builds = [threading.Thread(target=jit.cpu_module, args=(level,)) for level in jit.cpu_isas()]
-    for b in builds:
-        b.start()
-    for b in builds:
-        b.join()
-
-
-@pytest.fixture(params=jit.cpu_isas())
-def cpu_isa(request, monkeypatch, _cpu_libraries) -> str:
-    """Each instruction-set level of the C++ CPU kernels this CPU runs (minisgl/kernels/jit.py), chosen as
-    MINISGL_CPU_ISA chooses it: an AVX-512 machine tests its AVX2 and portable code too."""
-    monkeypatch.setattr(ENV, "cpu_isa", request.param)
-    assert jit.cpu_module() is not None, "the C++ kernels did not build (is a C++ compiler installed?)"
-    assert jit.cpu_module().isa() == request.param
-    return request.param
-
-
 def test_llama3_rope_scaling_and_qwen3_head_dim(tiny_llama, tiny_qwen3):
     llama = ModelConfig.from_path(tiny_llama)
     assert llama.model_type == "llama" and llama.rope_scaling is not None and llama.rope_scaling.factor == 8.0

@@ -5,37 +5,17 @@ float model (the exactness oracle)."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.config import EngineConfig
-from minisgl.env import ENV
 from minisgl.kernels import jit
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
 from minisgl.quant import QUANTIZATIONS
 from minisgl.quant import cpu_int as ci
 
 FORMATS = {"int8": ci.quantize_q8_0, "int4": ci.quantize_q4_1}
-
-
-@pytest.fixture(scope="module")
-def _cpu_libraries():
-    builds = [threading.Thread(target=jit.cpu_module, args=(level,)) for level in jit.cpu_isas()]
-    for b in builds:
-        b.start()
-    for b in builds:
-        b.join()
-
-
-@pytest.fixture(params=jit.cpu_isas())
-def cpu_isa(request, monkeypatch, _cpu_libraries) -> str:
-    """Each level of the C++ kernels this CPU runs, chosen as MINISGL_CPU_ISA chooses it."""
-    monkeypatch.setattr(ENV, "cpu_isa", request.param)
-    assert jit.cpu_module() is not None and jit.cpu_module().isa() == request.param
-    return request.param
 
 
 def test_q8_0_rounds_half_to_even_per_block():
